@@ -1,0 +1,71 @@
+"""``epr``: one subcommand per stage, plus ``run`` (what is stale) and ``status``.
+
+Examples::
+
+    epr status -c configs/mtop.yaml
+    epr run -c configs/mtop.yaml --until labels --set candidates.num_queries=1000
+    accelerate launch --num_processes 2 -m epr.cli scores -c configs/mtop.yaml
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+__all__ = ["main", "build_parser", "context_from_args"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from epr.pipeline import STAGES
+
+    p = argparse.ArgumentParser(prog="epr", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("-c", "--config", action="append", default=[], help="YAML config (repeatable, merged in order)")
+    common.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override, e.g. candidates.L=20")
+    common.add_argument("--log-level", default="INFO")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("status", parents=[common], help="show each stage as fresh, stale or missing")
+    r = sub.add_parser("run", parents=[common], help="run every stale stage up to --until")
+    r.add_argument("--until", default="labels", choices=sorted(STAGES))
+    r.add_argument("--force", action="append", default=[], choices=sorted(STAGES), help="rerun this stage even if fresh")
+    for name in STAGES:
+        s = sub.add_parser(name, parents=[common], help=f"run the {name} stage (its upstream must be fresh)")
+        s.add_argument("--force", action="store_true")
+    return p
+
+
+def context_from_args(args: argparse.Namespace):
+    from epr.config import load_config
+    from epr.stages.context import Context, Dist
+
+    return Context(load_config(args.config, args.set), Dist.from_env())
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        datefmt="%H:%M:%S")
+    from epr import pipeline
+    from epr.types import InputError
+
+    try:
+        ctx = context_from_args(args)
+        if args.cmd == "status":
+            for name, state in pipeline.status(ctx).items():
+                sys.stdout.write(f"{name:<12} {state:<8} {ctx.stage_dir(name)}\n")
+            return 0
+        if args.cmd == "run":
+            ran = pipeline.run(ctx, args.until, tuple(args.force))
+            if ctx.dist.is_main:
+                sys.stdout.write(f"ran: {', '.join(ran) or 'nothing (all fresh)'}; outputs in {ctx.cfg.run_dir}\n")
+            return 0
+        pipeline.run_stage(ctx, args.cmd, force=args.force)
+        return 0
+    except (InputError, ValueError, FileNotFoundError) as e:
+        logging.getLogger("epr").error("%s", e)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

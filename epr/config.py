@@ -1,0 +1,241 @@
+"""Typed, frozen configuration: one dataclass per stage, filled from YAML plus ``--set a.b=v`` overrides.
+
+Unknown keys are errors. A YAML file may name a parent with ``inherit: other.yaml`` (relative to itself).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, get_type_hints
+
+import yaml
+
+__all__ = [
+    "ExperimentConfig", "DataConfig", "ModelsConfig", "CandidatesConfig", "ScoringConfig", "LabelsConfig",
+    "TrainConfig", "RetrieveConfig", "GenerateConfig", "RagsysConfig", "load_config", "config_from_dict",
+]
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    task: str = "demo"
+    data_dir: str | None = None  # local data folder (e.g. ../shared/data); None: packaged demo or the hub
+    eval_size: int = 1000  # for tasks without a labelled held-out split: rows moved from pool to eval
+    split_seed: int = 0
+    pool_limit: int | None = None  # keep only the first N pool rows (after splitting)
+    eval_limit: int | None = None  # evaluate on a fixed random subset of N eval rows (seeded)
+    path: str | None = None  # generic task: the {input, output} JSONL/CSV file
+    eval_path: str | None = None  # generic task: optional separate evaluation file
+    input_field: str = "input"
+    output_field: str = "output"
+
+
+@dataclass(frozen=True)
+class ModelsConfig:
+    lm: str = "smollm2"  # scoring LM: packaged name, hub id or local directory
+    inference_lm: str | None = None  # None: same as lm
+    encoder: str = "minilm"  # dual-encoder init and SBERT baseline
+    cache_dir: str | None = None  # where converted models live; default ~/.cache/epr (or $EPR_CACHE)
+    dtype: str = "auto"  # auto | bf16 | fp32
+
+
+@dataclass(frozen=True)
+class CandidatesConfig:
+    L: int = 50
+    view: str = "output"  # output | input | input+output
+    backend: str = "bm25s"  # bm25s | rank_bm25
+    num_queries: int | None = None  # label only N pool examples (seeded subset); None: all
+    query_seed: int = 0
+
+
+@dataclass(frozen=True)
+class ScoringConfig:
+    batch_tokens: int = 4096  # padded tokens per forward pass
+    chunk_size: int = 32  # training examples per resumable chunk
+
+
+@dataclass(frozen=True)
+class LabelsConfig:
+    k_pos: int = 5
+    k_neg: int = 5
+    source: str = "lm"  # lm (EPR) | bm25 (DR-BM25 labels)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    epochs: int = 3
+    batch_size: int = 32  # instances per optimizer step (effective batch, per process)
+    chunk_size: int = 8  # GradCache sub-batch; 0 disables gradient caching
+    lr: float = 2e-5
+    warmup_ratio: float = 0.1
+    weight_decay: float = 0.0
+    temperature: float = 1.0
+    tie_encoders: bool = False
+    max_length: int = 64
+    grad_accum: int = 1
+    mixed_precision: str = "no"  # no | bf16
+    seed: int = 42
+    dev_size: int = 100  # labelled instances held out for recall@k / MRR
+    checkpoint_every: int = 0  # steps; 0: only at epoch ends
+
+
+@dataclass(frozen=True)
+class RetrieveConfig:
+    retrievers: tuple[str, ...] = ("random", "bm25", "sbert", "epr", "bm25-oracle")
+    k: int = 50  # retrieved before fitting into the prompt budget
+    index_factory: str = "Flat"  # faiss factory string, inner product
+    prompt_budget: int = 768  # inference-LM tokens for demos + query + reserved answer room
+    answer_reserve: int = 96
+    max_demos: int = 16
+
+
+@dataclass(frozen=True)
+class GenerateConfig:
+    max_new_tokens: int = 96
+    batch_size: int = 8
+    chunk_size: int = 64
+
+
+@dataclass(frozen=True)
+class RagsysConfig:
+    k: int = 6
+    lambda_d: float = 0.75
+    lambda_b: float = 0.95
+    shortlist: int = 100
+
+
+@dataclass(frozen=True)
+class ExperimentConfig:
+    name: str = "demo"
+    run_root: str = "runs"
+    seed: int = 0
+    data: DataConfig = field(default_factory=DataConfig)
+    models: ModelsConfig = field(default_factory=ModelsConfig)
+    candidates: CandidatesConfig = field(default_factory=CandidatesConfig)
+    scoring: ScoringConfig = field(default_factory=ScoringConfig)
+    labels: LabelsConfig = field(default_factory=LabelsConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    retrieve: RetrieveConfig = field(default_factory=RetrieveConfig)
+    generate: GenerateConfig = field(default_factory=GenerateConfig)
+    ragsys: RagsysConfig = field(default_factory=RagsysConfig)
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.run_root) / self.name
+
+    def section(self, name: str) -> dict[str, Any]:
+        return dataclasses.asdict(getattr(self, name))
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+_CHOICES = {
+    ("candidates", "view"): {"output", "input", "input+output"},
+    ("candidates", "backend"): {"bm25s", "rank_bm25"},
+    ("labels", "source"): {"lm", "bm25"},
+    ("models", "dtype"): {"auto", "bf16", "fp32"},
+    ("train", "mixed_precision"): {"no", "bf16"},
+}
+
+
+def _coerce(value: Any, tp: Any, where: str) -> Any:
+    origin = getattr(tp, "__origin__", None)
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ValueError(f"config {where}: expected a mapping, got {value!r}")
+        return config_from_dict(tp, value, where)
+    if origin is tuple:
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        return tuple(value)
+    if value is None:
+        if "None" in str(tp):
+            return None
+        raise ValueError(f"config {where}: may not be null")
+    for base in (bool, int, float, str):
+        if tp is base or (isinstance(tp, str) and tp.startswith(base.__name__)) or str(tp).startswith(base.__name__):
+            if base is bool and not isinstance(value, bool):
+                raise ValueError(f"config {where}: expected true/false, got {value!r}")
+            if base is int and (isinstance(value, bool) or not isinstance(value, int)):
+                raise ValueError(f"config {where}: expected an integer, got {value!r}")
+            if base is float and not isinstance(value, (int, float)):
+                raise ValueError(f"config {where}: expected a number, got {value!r}")
+            return float(value) if base is float else value
+    return value
+
+
+def config_from_dict(cls: type, data: dict[str, Any], where: str = "") -> Any:
+    """Build dataclass ``cls`` from ``data``; unknown keys and wrong types raise ``ValueError`` naming the key."""
+    hints = get_type_hints(cls)
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ValueError(f"config {where or '<root>'}: unknown key(s) {unknown}; allowed: {sorted(known)}")
+    kwargs = {}
+    for name, value in data.items():
+        key = f"{where}.{name}" if where else name
+        kwargs[name] = _coerce(value, hints[name], key)
+        allowed = _CHOICES.get(tuple(key.split(".")[-2:]))
+        if allowed and kwargs[name] not in allowed:
+            raise ValueError(f"config {key}: {kwargs[name]!r} is not one of {sorted(allowed)}")
+    return cls(**kwargs)
+
+
+def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    path = path.resolve()
+    if path in seen:
+        raise ValueError(f"config {path}: inherit cycle")
+    data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"config {path}: top level must be a mapping")
+    parent = data.pop("inherit", None)
+    if parent:
+        data = _deep_merge(_read_yaml(path.parent / parent, (*seen, path)), data)
+    return data
+
+
+def load_config(paths: Sequence[str | Path] = (), overrides: Sequence[str] = ()) -> ExperimentConfig:
+    """Merge YAML files in order, then ``a.b=value`` overrides (values parsed as YAML)."""
+    data: dict[str, Any] = {}
+    for p in paths:
+        data = _deep_merge(data, _read_yaml(Path(p)))
+    for item in overrides:
+        if "=" not in item:
+            raise ValueError(f"override {item!r}: expected key.path=value")
+        key, raw = item.split("=", 1)
+        node = data
+        parts = key.strip().split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = yaml.safe_load(raw)
+    cfg = config_from_dict(ExperimentConfig, data)
+    _validate(cfg)
+    return cfg
+
+
+def _validate(cfg: ExperimentConfig) -> None:
+    checks = [
+        (cfg.candidates.L >= 1, "candidates.L must be >= 1"),
+        (cfg.labels.k_pos >= 1 and cfg.labels.k_neg >= 1, "labels.k_pos and labels.k_neg must be >= 1"),
+        (cfg.labels.k_pos + cfg.labels.k_neg <= cfg.candidates.L,
+         f"labels.k_pos + labels.k_neg ({cfg.labels.k_pos}+{cfg.labels.k_neg}) must be <= candidates.L ({cfg.candidates.L})"),
+        (cfg.scoring.batch_tokens >= 16, "scoring.batch_tokens must be >= 16"),
+        (0.0 <= cfg.ragsys.lambda_d <= 1.0, f"ragsys.lambda_d={cfg.ragsys.lambda_d} must be in [0, 1]"),
+        (0.0 <= cfg.ragsys.lambda_b <= 1.0, f"ragsys.lambda_b={cfg.ragsys.lambda_b} must be in [0, 1]"),
+        (cfg.train.batch_size >= 2, "train.batch_size must be >= 2 (in-batch negatives)"),
+        (cfg.train.chunk_size >= 0, "train.chunk_size must be >= 0"),
+    ]
+    for ok, msg in checks:
+        if not ok:
+            raise ValueError(f"config: {msg}")

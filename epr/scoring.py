@@ -1,0 +1,137 @@
+"""Log-probability of target tokens after a context, batched for throughput.
+
+``LMScorer.score(contexts, targets)`` returns ``sum_t log p(target_t | context, target_<t)`` for each pair.
+Pairs are tokenised separately (context with the tokenizer's special tokens, target without), sorted by
+length, packed into batches of at most ``batch_tokens`` padded tokens, right-padded, and only the hidden
+states that predict target tokens go through the LM head (the vocabulary projection dominates small LMs).
+Results do not depend on batch composition beyond float rounding.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+__all__ = ["LMScorer", "SequenceTooLong", "make_batches", "reference_score"]
+
+log = logging.getLogger(__name__)
+
+
+class SequenceTooLong(ValueError):
+    """A context + target longer than the model's context window."""
+
+
+@dataclass(frozen=True)
+class _Item:
+    pos: int
+    ids: list[int]
+    n_ctx: int
+
+
+def make_batches(lengths: Sequence[int], batch_tokens: int) -> list[list[int]]:
+    """Group positions, longest first, so that ``len(batch) * max_len <= batch_tokens`` (at least one each)."""
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    batches: list[list[int]] = []
+    cur: list[int] = []
+    cur_max = 0
+    for i in order:
+        m = max(cur_max, lengths[i])
+        if cur and m * (len(cur) + 1) > batch_tokens:
+            batches.append(cur)
+            cur, m = [], lengths[i]
+        cur.append(i)
+        cur_max = m
+    if cur:
+        batches.append(cur)
+    return batches
+
+
+class LMScorer:
+    """Score targets after contexts with a causal LM (any ``AutoModelForCausalLM``)."""
+
+    def __init__(self, model, tokenizer, batch_tokens: int = 4096, max_length: int | None = None):
+        self.model = model
+        self.tok = tokenizer
+        self.batch_tokens = batch_tokens
+        self.max_length = max_length or getattr(model.config, "max_position_embeddings", 2048)
+        self.device = next(model.parameters()).device
+        # a target needs a predecessor token: an empty context gets BOS (or EOS when there is none)
+        self._start = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+
+    # -- tokenisation ---------------------------------------------------------------------------
+    def encode(self, contexts: Sequence[str], targets: Sequence[str]) -> list[tuple[list[int], list[int]]]:
+        if len(contexts) != len(targets):
+            raise ValueError(f"{len(contexts)} contexts but {len(targets)} targets")
+        ctx = self.tok(list(contexts), add_special_tokens=True)["input_ids"]
+        tgt = self.tok(list(targets), add_special_tokens=False)["input_ids"]
+        out = []
+        for i, (c, t) in enumerate(zip(ctx, tgt)):
+            if not t:
+                raise ValueError(f"pair {i}: the target {targets[i]!r} has no tokens")
+            out.append((c or [self._start], t))
+        return out
+
+    def too_long(self, pairs: Sequence[tuple[list[int], list[int]]]) -> list[int]:
+        return [i for i, (c, t) in enumerate(pairs) if len(c) + len(t) > self.max_length]
+
+    # -- scoring --------------------------------------------------------------------------------
+    def score(self, contexts: Sequence[str], targets: Sequence[str]) -> np.ndarray:
+        """``(n,) float64`` summed log-probs of each target's tokens."""
+        return self.score_ids(self.encode(contexts, targets))
+
+    def score_ids(self, pairs: Sequence[tuple[list[int], list[int]]]) -> np.ndarray:
+        long = self.too_long(pairs)
+        if long:
+            i = long[0]
+            raise SequenceTooLong(
+                f"{len(long)} sequence(s) exceed the model context of {self.max_length} tokens "
+                f"(first: pair {i}, {len(pairs[i][0])}+{len(pairs[i][1])} tokens)")
+        items = [_Item(i, c + t, len(c)) for i, (c, t) in enumerate(pairs)]
+        out = np.zeros(len(items), dtype=np.float64)
+        for batch in make_batches([len(it.ids) for it in items], self.batch_tokens):
+            sums = self._forward([items[j] for j in batch])
+            out[[items[j].pos for j in batch]] = sums
+        return out
+
+    @torch.inference_mode()
+    def _forward(self, items: list[_Item]) -> np.ndarray:
+        T = max(len(it.ids) for it in items)
+        pad = self.tok.pad_token_id if self.tok.pad_token_id is not None else 0
+        ids = torch.full((len(items), T), pad, dtype=torch.long)
+        rows, cols, labels, seg = [], [], [], []
+        for b, it in enumerate(items):
+            L = len(it.ids)
+            ids[b, :L] = torch.tensor(it.ids)
+            # position p predicts token p+1: target tokens sit at n_ctx..L-1
+            p = torch.arange(it.n_ctx - 1, L - 1)
+            rows.append(torch.full_like(p, b))
+            cols.append(p)
+            labels.append(torch.tensor(it.ids[it.n_ctx:]))
+            seg.append(torch.full_like(p, b))
+        rows_t, cols_t = torch.cat(rows), torch.cat(cols)
+        # Right padding under a causal mask: real tokens never attend to the pads that follow them, so no
+        # padding mask is needed and attention takes its fast is_causal path.
+        hidden = self.model.base_model(input_ids=ids.to(self.device)).last_hidden_state
+        h = hidden[rows_t.to(self.device), cols_t.to(self.device)]  # (n_target_tokens, H)
+        logits = self.model.get_output_embeddings()(h).float()
+        lp = torch.log_softmax(logits, dim=-1).gather(1, torch.cat(labels).to(self.device)[:, None])[:, 0]
+        sums = torch.zeros(len(items), dtype=torch.float64, device=self.device)
+        sums.index_add_(0, torch.cat(seg).to(self.device), lp.double())
+        return sums.cpu().numpy()
+
+
+@torch.inference_mode()
+def reference_score(model, tokenizer, context: str, target: str) -> float:
+    """The slow reference (EPR's original way): one sequence, full-vocabulary logits at every position."""
+    c = tokenizer(context, add_special_tokens=True)["input_ids"]
+    if not c:
+        c = [tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id]
+    t = tokenizer(target, add_special_tokens=False)["input_ids"]
+    ids = torch.tensor([c + t], device=next(model.parameters()).device)
+    logits = model(input_ids=ids).logits.float()[0]
+    lp = torch.log_softmax(logits[len(c) - 1 : -1], dim=-1)
+    return float(lp.gather(1, torch.tensor(t, device=lp.device)[:, None]).sum())

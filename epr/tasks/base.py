@@ -1,0 +1,200 @@
+"""The Task interface: everything dataset-specific (loading, formatting, answer normalisation, metric)."""
+
+from __future__ import annotations
+
+import csv
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from epr.artifacts import read_jsonl
+from epr.config import DataConfig
+from epr.types import Example, InputError
+
+__all__ = ["Task", "RawRow", "LoadReport", "register", "get_task", "TASKS", "split_pool_eval", "read_table"]
+
+log = logging.getLogger(__name__)
+TASKS: dict[str, type[Task]] = {}
+
+
+def register(name: str) -> Callable[[type[Task]], type[Task]]:
+    def deco(cls: type[Task]) -> type[Task]:
+        cls.name = name
+        TASKS[name] = cls
+        return cls
+
+    return deco
+
+
+def get_task(cfg: DataConfig) -> Task:
+    if cfg.task not in TASKS:
+        raise ValueError(f"data.task={cfg.task!r} is not a known task; known: {sorted(TASKS)}")
+    return TASKS[cfg.task](cfg)
+
+
+@dataclass
+class RawRow:
+    """A row as read, before ids are assigned. ``where`` is 'file:line' for error messages."""
+
+    input: str
+    output: str
+    meta: dict[str, Any]
+    where: str
+
+
+@dataclass
+class LoadReport:
+    """What loading kept and what it skipped (and why), so nothing is dropped silently."""
+
+    kept: int = 0
+    skipped: list[str] = field(default_factory=list)
+
+    def skip(self, where: str, why: str) -> None:
+        self.skipped.append(f"{where}: {why}")
+        log.warning("skipping %s: %s", where, why)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kept": self.kept, "skipped": len(self.skipped), "skipped_rows": self.skipped[:200]}
+
+
+def read_table(path: str | Path, input_field: str, output_field: str) -> Iterable[tuple[dict[str, Any], str]]:
+    """Rows of a JSONL or CSV/TSV file as (dict, 'file:line'). Missing columns raise ``InputError``."""
+    path = Path(path)
+    name = path.name.removesuffix(".gz")
+    if name.endswith((".csv", ".tsv")):
+        with open(path, encoding="utf-8-sig", newline="") as f:
+            reader = csv.DictReader(f, delimiter="\t" if name.endswith(".tsv") else ",")
+            cols = reader.fieldnames or []
+            missing = [c for c in (input_field, output_field) if c not in cols]
+            if missing:
+                raise InputError(f"{path}: missing column(s) {missing}; columns are {cols}")
+            for i, row in enumerate(reader, start=2):  # line 1 is the header
+                yield row, f"{path}:{i}"
+    else:
+        for i, row in enumerate(read_jsonl(path, required=(input_field, output_field)), start=1):
+            yield row, f"{path}:#{i}"
+
+
+def split_pool_eval(
+    rows: Sequence[RawRow], eval_size: int, seed: int, group: Callable[[RawRow], str] | None = None
+) -> tuple[list[RawRow], list[RawRow]]:
+    """Deterministically move ``eval_size`` rows (whole groups, when ``group`` is given) to the eval part.
+
+    Groups (e.g. SMCalFlow dialogues) never straddle the split, so no dialogue leaks into the pool.
+    Both parts keep the original file order.
+    """
+    keys = [group(r) if group else str(i) for i, r in enumerate(rows)]
+    uniq = sorted(set(keys))
+    order = np.random.default_rng(seed).permutation(len(uniq))
+    chosen: set[str] = set()
+    counts: dict[str, int] = {}
+    for k in keys:
+        counts[k] = counts.get(k, 0) + 1
+    n = 0
+    for j in order:
+        if n >= eval_size:
+            break
+        chosen.add(uniq[j])
+        n += counts[uniq[j]]
+    pool = [r for r, k in zip(rows, keys) if k not in chosen]
+    ev = [r for r, k in zip(rows, keys) if k in chosen]
+    return pool, ev
+
+
+class Task:
+    """Base class. Subclasses implement ``raw_splits``; formatting and metric have sensible defaults."""
+
+    name = "base"
+    hub_name: str | None = None
+    metric_name = "em"
+
+    def __init__(self, cfg: DataConfig):
+        self.cfg = cfg
+        self.report = LoadReport()
+
+    # ---- loading -------------------------------------------------------------------------------
+    def raw_splits(self) -> tuple[list[RawRow], list[RawRow]]:
+        raise NotImplementedError
+
+    def load(self) -> tuple[list[Example], list[Example]]:
+        """Return (pool, eval) with ``idx`` = position in the split. Empty inputs/outputs are skipped,
+        logged and counted in ``self.report`` (they cannot serve as demonstrations or be scored)."""
+        pool_raw, eval_raw = self.raw_splits()
+        pool = self._finalise(pool_raw, self.cfg.pool_limit)
+        ev = self._finalise(eval_raw, None)
+        if self.cfg.eval_limit is not None and self.cfg.eval_limit < len(ev):
+            keep = np.sort(np.random.default_rng(self.cfg.split_seed).choice(len(ev), self.cfg.eval_limit, replace=False))
+            ev = [Example(i, ev[j].input, ev[j].output, ev[j].meta) for i, j in enumerate(keep)]
+        if not pool:
+            raise InputError(f"task {self.name}: the demonstration pool is empty")
+        return pool, ev
+
+    def _finalise(self, rows: Sequence[RawRow], limit: int | None) -> list[Example]:
+        out: list[Example] = []
+        for r in rows:
+            if limit is not None and len(out) >= limit:
+                break
+            if not isinstance(r.input, str) or not r.input.strip():
+                self.report.skip(r.where, "empty input")
+                continue
+            if not isinstance(r.output, str) or not r.output.strip():
+                self.report.skip(r.where, "empty output")
+                continue
+            out.append(Example(len(out), r.input.strip(), r.output.strip(), {**r.meta, "source": r.where}))
+        self.report.kept += len(out)
+        return out
+
+    def rows_from_file(self, path: str | Path, input_field: str = "input", output_field: str = "output",
+                       meta_fields: Sequence[str] = ()) -> list[RawRow]:
+        out = []
+        for row, where in read_table(path, input_field, output_field):
+            meta = {k: row[k] for k in ("id", *meta_fields) if k in row}
+            out.append(RawRow(row[input_field], row[output_field], meta, where))
+        return out
+
+    def rows_from_hub(self, split: str, input_field: str, output_field: str, config: str | None = None) -> list[RawRow]:
+        if self.hub_name is None:
+            raise InputError(f"task {self.name}: no data_dir given and no hub dataset known")
+        from datasets import load_dataset
+
+        try:
+            ds = load_dataset(self.hub_name, config, split=split)
+        except Exception as e:  # offline, or the hub layout changed
+            raise InputError(
+                f"task {self.name}: could not load {self.hub_name!r} split {split!r} from the hub ({e}); "
+                f"pass data.data_dir=<folder> with local files instead"
+            ) from e
+        return [RawRow(r[input_field], r[output_field], {}, f"{self.hub_name}[{split}]#{i}") for i, r in enumerate(ds)]
+
+    def data_path(self, *parts: str) -> Path:
+        assert self.cfg.data_dir is not None
+        p = Path(self.cfg.data_dir).joinpath(*parts)
+        if not p.exists():
+            raise FileNotFoundError(f"task {self.name}: expected {p} (data.data_dir={self.cfg.data_dir})")
+        return p
+
+    # ---- prompting -----------------------------------------------------------------------------
+    def format_demo(self, ex: Example) -> str:
+        """A demonstration as it appears in the prompt; ends with a newline."""
+        return f"{ex.input}\t{ex.output}\n"
+
+    def format_query(self, x: str) -> str:
+        """The test input, right before the answer."""
+        return f"{x}\t"
+
+    def format_target(self, y: str) -> str:
+        """The scored/generated answer text (the newline ends it)."""
+        return f"{y}\n"
+
+    stop = "\n"
+
+    # ---- metric --------------------------------------------------------------------------------
+    def normalize(self, y: str) -> str:
+        return " ".join(y.split())
+
+    def is_correct(self, pred: str, gold: str) -> bool:
+        return self.normalize(pred) == self.normalize(gold)

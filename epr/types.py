@@ -1,0 +1,64 @@
+"""Records and interfaces shared by every stage. A leaf module: imports nothing from the package."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+__all__ = ["Example", "Ranking", "Retriever", "InputError"]
+
+
+class InputError(ValueError):
+    """Bad user input (file, row, field). The message names where and what."""
+
+
+@dataclass(frozen=True)
+class Example:
+    """One row of a split. ``idx`` (its position in the split) is the only identity used downstream."""
+
+    idx: int
+    input: str
+    output: str
+    meta: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"idx": self.idx, "input": self.input, "output": self.output, "meta": self.meta}
+
+    @classmethod
+    def from_json(cls, row: dict[str, Any]) -> Example:
+        return cls(int(row["idx"]), row["input"], row["output"], row.get("meta") or {})
+
+
+@dataclass(frozen=True)
+class Ranking:
+    """A query's candidates, best first. ``ids`` index the pool; ``scores`` align with ``ids``."""
+
+    qid: int
+    ids: list[int]
+    scores: list[float]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"qid": self.qid, "ids": self.ids, "scores": self.scores}
+
+    @classmethod
+    def from_json(cls, row: dict[str, Any]) -> Ranking:
+        return cls(int(row["qid"]), [int(i) for i in row["ids"]], [float(s) for s in row["scores"]])
+
+
+@runtime_checkable
+class Retriever(Protocol):
+    """Every retriever (random, BM25, dense, trained, oracle) answers the same call.
+
+    ``retrieve`` returns ``(n_queries, k) int64`` pool ids, best first. ``exclude[i]`` (optional) is a pool id
+    that query ``i`` must never get back (the query itself when queries come from the pool), or -1.
+    """
+
+    name: str
+    is_oracle: bool
+
+    def retrieve(
+        self, queries: Sequence[Example], k: int, exclude: np.ndarray | None = None
+    ) -> np.ndarray: ...

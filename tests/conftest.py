@@ -1,0 +1,67 @@
+"""Shared fixtures: a tiny random-init causal LM (milliseconds) and tiny data with known answers."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+@pytest.fixture(scope="session")
+def minilm_dir() -> str:
+    from epr.models import resolve_encoder
+
+    return resolve_encoder("minilm")
+
+
+@pytest.fixture(scope="session")
+def tiny_lm_dir(tmp_path_factory, minilm_dir) -> str:
+    """A 2-layer Llama with MiniLM's tokenizer, saved like any local model folder."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    tok = AutoTokenizer.from_pretrained(minilm_dir)
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                      bos_token_id=tok.cls_token_id, eos_token_id=tok.sep_token_id, pad_token_id=tok.pad_token_id)
+    model = LlamaForCausalLM(cfg)
+    out = tmp_path_factory.mktemp("tiny_lm")
+    model.save_pretrained(out)
+    # copy the tokenizer files: transformers 5 cannot reload this BertTokenizer after save_pretrained
+    import shutil
+
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+        shutil.copy(Path(minilm_dir) / name, out / name)
+    return str(out)
+
+
+@pytest.fixture(scope="session")
+def tiny_lm(tiny_lm_dir):
+    from epr.models import load_lm
+
+    return load_lm(tiny_lm_dir, dtype="fp32")
+
+
+def write_rows(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def tiny_task_files(tmp_path) -> Path:
+    """24 pool + 6 eval rows of a toy parser in the demo task's layout."""
+    verbs = ["turn on", "turn off", "dim", "check"]
+    rooms = ["kitchen", "garage", "office", "attic", "porch", "den"]
+    rows = [{"input": f"{v} the {r} lights", "output": f"[IN:{v.upper().replace(' ', '_')} [SL:ROOM {r} ] ]"}
+            for v in verbs for r in rooms]
+    write_rows(tmp_path / "demo.pool.jsonl", rows[:24])
+    write_rows(tmp_path / "demo.eval.jsonl", rows[24:])
+    return tmp_path
