@@ -162,6 +162,11 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
                 raise ValueError(f"config {where}: expected true/false, got {value!r}")
             if base is int and (isinstance(value, bool) or not isinstance(value, int)):
                 raise ValueError(f"config {where}: expected an integer, got {value!r}")
+            if base is float and isinstance(value, str):  # YAML 1.1 reads 1e-4 (no dot) as a string
+                try:
+                    value = float(value)
+                except ValueError:
+                    raise ValueError(f"config {where}: expected a number, got {value!r}") from None
             if base is float and not isinstance(value, (int, float)):
                 raise ValueError(f"config {where}: expected a number, got {value!r}")
             return float(value) if base is float else value

@@ -50,6 +50,8 @@ STAGES: dict[str, Stage] = {
               "epr.stages.scores:run_scores", distributed=True),
         Stage("labels", lambda c: ("scores",) if c.cfg.labels.source == "lm" else ("candidates",),
               lambda c: {"labels": c.cfg.section("labels")}, "epr.stages.labels:run_labels"),
+        Stage("encoder", _const("labels"), lambda c: {"train": c.cfg.section("train"), "encoder": c.cfg.models.encoder},
+              "epr.stages.encoder:run_encoder"),
     ]
 }
 

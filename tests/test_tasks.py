@@ -1,0 +1,71 @@
+import json
+
+import pytest
+
+from epr.config import DataConfig
+from epr.tasks import get_task, split_pool_eval
+from epr.tasks.base import RawRow
+from epr.types import InputError
+
+from .conftest import SHARED_DATA
+
+
+def test_malformed_line_named(tmp_path):
+    p = tmp_path / "d.jsonl"
+    p.write_text('{"input": "a", "output": "b"}\n{"input": "c", "output": \n')
+    with pytest.raises(InputError, match=r"d.jsonl:2: malformed JSON"):
+        get_task(DataConfig(task="jsonl", path=str(p))).load()
+
+
+def test_missing_field_named(tmp_path):
+    p = tmp_path / "d.jsonl"
+    p.write_text('{"input": "a", "output": "b"}\n{"input": "c"}\n')
+    with pytest.raises(InputError, match=r"d.jsonl:2: missing field\(s\) \['output'\]"):
+        get_task(DataConfig(task="jsonl", path=str(p))).load()
+
+
+def test_empty_output_skipped_and_counted(tmp_path):
+    rows = [{"input": f"q{i}", "output": "" if i == 3 else f"a{i}"} for i in range(10)]
+    p = tmp_path / "d.jsonl"
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    task = get_task(DataConfig(task="jsonl", path=str(p), eval_size=2))
+    pool, ev = task.load()
+    assert len(pool) + len(ev) == 9
+    assert len(task.report.skipped) == 1 and "d.jsonl:#4: empty output" in task.report.skipped[0]
+    assert [e.idx for e in pool] == list(range(len(pool)))
+
+
+def test_csv_missing_column(tmp_path):
+    p = tmp_path / "d.csv"
+    p.write_text("question,answer\nhi,there\n")
+    with pytest.raises(InputError, match=r"missing column\(s\) \['input', 'output'\]"):
+        get_task(DataConfig(task="jsonl", path=str(p))).load()
+    pool, ev = get_task(DataConfig(task="jsonl", path=str(p), input_field="question", output_field="answer",
+                                   eval_path=str(p))).load()
+    assert pool[0].input == "hi" and ev[0].output == "there"
+
+
+def test_split_is_deterministic_and_keeps_groups_whole():
+    rows = [RawRow(f"x{i}", f"y{i}", {"d": str(i // 3)}, f"f:{i}") for i in range(30)]
+    a = split_pool_eval(rows, 7, seed=1, group=lambda r: r.meta["d"])
+    b = split_pool_eval(rows, 7, seed=1, group=lambda r: r.meta["d"])
+    assert a == b
+    pool_groups = {r.meta["d"] for r in a[0]}
+    assert pool_groups.isdisjoint({r.meta["d"] for r in a[1]}) and len(a[1]) >= 7
+
+
+def test_demo_task_packaged():
+    pool, ev = get_task(DataConfig(task="demo")).load()
+    assert (len(pool), len(ev)) == (320, 80)
+
+
+@pytest.mark.skipif(not SHARED_DATA.exists(), reason="../shared/data not present")
+@pytest.mark.parametrize("task,n_pool,n_eval", [("mtop", 15667, 2235), ("break", 6760, 1000), ("smcalflow", None, None)])
+def test_real_loaders(task, n_pool, n_eval):
+    t = get_task(DataConfig(task=task, data_dir=str(SHARED_DATA)))
+    pool, ev = t.load()
+    if n_pool:
+        assert (len(pool), len(ev)) == (n_pool, n_eval)
+    else:  # SMCalFlow: 14,751 turns less the 1,255 flagged skip, split by dialogue
+        assert len(pool) + len(ev) == 14751 - 1255 and len(t.report.skipped) == 1255
+        assert {e.meta["dialogue_id"] for e in pool}.isdisjoint({e.meta["dialogue_id"] for e in ev})

@@ -1,0 +1,77 @@
+"""The training script on the tiny task: decreasing loss, exact resume, bad labels, 2-process launch."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from epr import pipeline
+from epr.artifacts import write_jsonl
+from epr.train_data import LabelRow, read_labels
+from epr.types import InputError
+
+from .test_pipeline import make_ctx
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "training"))
+import train_epr  # noqa: E402
+
+
+def bm25_ctx(tmp_path, data, minilm_dir, *extra):
+    ctx = make_ctx(tmp_path, data, "/unused", "labels.source=bm25", "candidates.L=8", f"models.encoder={minilm_dir}",
+                   "train.batch_size=4", "train.chunk_size=2", "train.dev_size=4", "train.lr=1e-4", "train.warmup_ratio=0",
+                   *extra)
+    pipeline.run(ctx, until="labels")
+    return ctx
+
+
+def test_three_steps_decrease_loss(tmp_path, tiny_task_files, minilm_dir):
+    ctx = bm25_ctx(tmp_path, tiny_task_files, minilm_dir, "train.epochs=3", "train.dev_size=0")
+    # the same 4 instances every epoch: loss must go down and stay finite
+    hist = train_epr.train(ctx)["history"]
+    losses = [h["loss"] for h in hist[1:]]
+    assert all(map(lambda x: x == x and x < 1e6, losses))
+    assert losses[-1] < losses[0]
+
+
+def test_checkpoint_resume_gives_identical_next_batch(tmp_path, tiny_task_files, minilm_dir):
+    ctx = bm25_ctx(tmp_path, tiny_task_files, minilm_dir, "train.epochs=2", "train.checkpoint_every=3")
+    rows = read_labels([json.loads(x) for x in (ctx.stage_dir("labels") / "labels.jsonl").read_text().splitlines()], 24)
+    full = list(train_epr.get_dataloader(rows, 4, 42, 0))
+    resumed = list(train_epr.get_dataloader(rows, 4, 42, 0))[3:]
+    assert full[3:] == resumed and full[0] != full[1]
+    train_epr.train(ctx)
+    ck = sorted((ctx.stage_dir("encoder") / "checkpoints").iterdir(), key=lambda p: int(p.name.split("_")[1]))
+    assert [p.name for p in ck][:1] == ["step_3"]
+    prog = json.loads((ck[0] / "progress.json").read_text())
+    assert (prog["epoch"], prog["step_in_epoch"]) == (0, 3)
+    final = json.loads((ctx.stage_dir("encoder") / "history.json").read_text())
+    # resume from the last checkpoint: nothing left to do, same history
+    assert train_epr.train(ctx, resume=True)["history"] == final
+
+
+def test_bad_labels_are_clear_errors(tmp_path):
+    with pytest.raises(InputError, match="empty file"):
+        read_labels([], 10, "x.jsonl")
+    with pytest.raises(InputError, match=r"x.jsonl:1: ids \[99\] are not in the pool of 10"):
+        read_labels([{"qid": 1, "pos": [99], "neg": [2]}], 10, "x.jsonl")
+    with pytest.raises(InputError, match="0 negatives"):
+        read_labels([{"qid": 1, "pos": [3], "neg": []}], 10, "x.jsonl")
+    assert read_labels([{"qid": 1, "pos": [3], "neg": [4]}], 10) == [LabelRow(1, (3,), (4,))]
+    write_jsonl(tmp_path / "l.jsonl", [])
+
+
+@pytest.mark.slow
+def test_two_process_accelerate_launch(tmp_path, tiny_task_files, minilm_dir):
+    ctx = bm25_ctx(tmp_path, tiny_task_files, minilm_dir, "train.epochs=1")
+    cfg = tmp_path / "cfg.yaml"
+    import yaml
+
+    cfg.write_text(yaml.safe_dump(json.loads(json.dumps(ctx.cfg.to_dict()))))
+    r = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--multi_cpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+                        str(ROOT / "training" / "train_epr.py"), "-c", str(cfg)], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    m = json.loads((ctx.stage_dir("encoder") / "manifest.json").read_text())
+    assert m["processes"] == 2 and m["rows"]["steps"] >= 1

@@ -1,0 +1,202 @@
+"""Train the EPR dual encoder on the labels of an ``epr`` run (SPEC 2.4).
+
+Launch (reads the run's ``labels`` and ``examples`` stages, writes ``runs/<name>/encoder/``)::
+
+    accelerate launch training/train_epr.py -c configs/mtop.yaml
+    accelerate launch --num_processes 2 training/train_epr.py -c configs/mtop.yaml --set train.batch_size=64
+    python training/train_epr.py -c configs/demo.yaml --set train.epochs=1        # one process is fine too
+    accelerate launch training/train_epr.py -c configs/mtop.yaml --resume          # from the last checkpoint
+
+Each instance gets one sampled positive and one sampled hard negative; every other instance's positive and
+negative (gathered across processes) are negatives too: 2B-1 in all. ``train.chunk_size > 0`` turns on
+gradient caching, so the batch size is bounded by time, not memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+from accelerate import Accelerator
+from accelerate.utils import set_seed
+from torch.utils.data import DataLoader
+from tqdm.auto import tqdm
+from transformers import get_linear_schedule_with_warmup
+
+from epr.artifacts import read_jsonl, write_manifest
+from epr.config import load_config
+from epr.encoder import DualEncoder
+from epr.loss import contrastive_loss, gather_keep_local_grad, grad_cache_backward
+from epr.pipeline import stage_fingerprint
+from epr.stages.context import Context
+from epr.train_data import demo_text, read_labels, recall_mrr, sample_pair, split_dev
+
+log = logging.getLogger("train_epr")
+
+
+def get_dataloader(rows, batch_size: int, seed: int, epoch: int) -> DataLoader:
+    """Instances in a seeded per-epoch order; the collate samples (pos, neg) from (seed, epoch, qid)."""
+    order = np.random.default_rng([seed, epoch]).permutation(len(rows))
+    return DataLoader([rows[i] for i in order], batch_size=batch_size, shuffle=False, drop_last=True,
+                      collate_fn=lambda b: [(r.qid, *sample_pair(r, seed, epoch)) for r in b])
+
+
+def compute_loss(model: DualEncoder, batch, pool, task, cfg, accelerator) -> torch.Tensor:
+    """Forward + backward for one batch. Returns the detached loss."""
+    unwrapped = accelerator.unwrap_model(model)
+    qs = [pool[q].input for q, _, _ in batch]
+    ds = [demo_text(task, pool[i]) for _, p, n in batch for i in (p, n)]  # pos_i at 2i, neg_i at 2i+1
+
+    def loss_fn(q, d):
+        d_all, _ = gather_keep_local_grad(d)
+        q_off = gather_keep_local_grad(q)[1]  # local queries' offset in the gathered batch
+        return contrastive_loss(q, d_all, group_size=2, temperature=cfg.temperature, q_offset=q_off)
+
+    if cfg.chunk_size and cfg.chunk_size < len(qs):
+        cs = cfg.chunk_size
+        q_chunks = [unwrapped.tokenize(qs[i : i + cs]) for i in range(0, len(qs), cs)]
+        d_chunks = [unwrapped.tokenize(ds[i : i + 2 * cs]) for i in range(0, len(ds), 2 * cs)]
+        return grad_cache_backward(lambda b: model(b, "query"), lambda b: model(b, "prompt"), q_chunks, d_chunks,
+                                   loss_fn, backward=lambda t, g: accelerator.backward(t, gradient=g))
+    loss = loss_fn(model(unwrapped.tokenize(qs), "query"), model(unwrapped.tokenize(ds), "prompt"))
+    accelerator.backward(loss)
+    return loss.detach()
+
+
+def evaluate(model: DualEncoder, dev, cands: dict, pool, task, k: int) -> dict:
+    """Intrinsic dev metric without the LM: recall@k of LM positives among the L candidates, and MRR."""
+    if not dev:
+        return {}
+    q = model.encode([pool[r.qid].input for r in dev], "query")
+    ids = [cands[r.qid] for r in dev]
+    flat = sorted({i for c in ids for i in c})
+    emb = model.encode([demo_text(task, pool[i]) for i in flat], "prompt")
+    pos_of = {c: j for j, c in enumerate(flat)}
+    cand_emb = [emb[[pos_of[i] for i in c]] for c in ids]
+    rec, mrr = recall_mrr(q, cand_emb, ids, [r.pos for r in dev], k)
+    return {f"recall@{k}": rec, "mrr": mrr}
+
+
+def train(ctx: Context, resume: bool = False) -> dict:
+    cfg, tc = ctx.cfg, ctx.cfg.train
+    out = ctx.stage_dir("encoder")
+    accelerator = Accelerator(gradient_accumulation_steps=tc.grad_accum, mixed_precision=tc.mixed_precision,
+                              project_dir=str(out))
+    set_seed(tc.seed)
+    pool = ctx.examples("pool")
+    labels = read_labels(list(read_jsonl(ctx.stage_dir("labels") / "labels.jsonl")), len(pool),
+                         str(ctx.stage_dir("labels") / "labels.jsonl"))
+    cands = {r["qid"]: r["ids"] for r in read_jsonl(ctx.stage_dir("candidates") / "candidates.jsonl")}
+    train_rows, dev = split_dev(labels, tc.dev_size, tc.seed)
+    k = cfg.labels.k_pos
+
+    model = DualEncoder.from_pretrained(cfg.models.encoder, tie=tc.tie_encoders, max_length=tc.max_length,
+                                        cache=cfg.models.cache_dir)
+    per_proc = tc.batch_size
+    steps_per_epoch = len(train_rows) // (per_proc * accelerator.num_processes)
+    if steps_per_epoch == 0:
+        raise ValueError(f"{len(train_rows)} training instances cannot fill one batch of {per_proc} x "
+                         f"{accelerator.num_processes} processes; lower train.batch_size")
+    total = steps_per_epoch * tc.epochs // tc.grad_accum
+    opt = torch.optim.AdamW(model.parameters(), lr=tc.lr, weight_decay=tc.weight_decay)
+    sched = get_linear_schedule_with_warmup(opt, int(tc.warmup_ratio * total), max(total, 1))
+    model, opt, sched = accelerator.prepare(model, opt, sched)
+
+    history, start_epoch, skip = [], 0, 0
+    ckpt_root = out / "checkpoints"
+    if resume and ckpt_root.exists() and any(ckpt_root.iterdir()):
+        last = max(ckpt_root.iterdir(), key=lambda p: int(p.name.split("_")[1]))
+        accelerator.load_state(str(last))
+        st = json.loads((last / "progress.json").read_text())
+        start_epoch, skip, history = st["epoch"], st["step_in_epoch"], st["history"]
+        accelerator.print(f"resumed from {last} (epoch {start_epoch}, step {skip})")
+    if not history:
+        history.append({"epoch": 0, "loss": None, **evaluate(accelerator.unwrap_model(model), dev, cands, pool, ctx.task, k)})
+        accelerator.print(f"untrained: {history[-1]}")
+
+    step = start_epoch * steps_per_epoch + skip
+    for epoch in range(start_epoch, tc.epochs):
+        model.train()
+        dl = accelerator.prepare(get_dataloader(train_rows, per_proc, tc.seed, epoch))
+        if skip:
+            dl = accelerator.skip_first_batches(dl, skip)
+        losses = []
+        bar = tqdm(dl, desc=f"epoch {epoch + 1}/{tc.epochs}", disable=not accelerator.is_main_process)
+        for i, batch in enumerate(bar, start=skip):
+            with accelerator.accumulate(model):
+                loss = compute_loss(model, batch, pool, ctx.task, tc, accelerator)
+                opt.step()
+                sched.step()
+                opt.zero_grad()
+            losses.append(accelerator.gather(loss[None]).mean().item())
+            bar.set_postfix(loss=f"{losses[-1]:.3f}")
+            accelerator.log({"loss": losses[-1]}, step=step)
+            step += 1
+            if tc.checkpoint_every and step % tc.checkpoint_every == 0:
+                _checkpoint(accelerator, ckpt_root, step, epoch, i + 1, history)
+        skip = 0
+        model.eval()
+        row = {"epoch": epoch + 1, "loss": float(np.mean(losses)) if losses else None,
+               **evaluate(accelerator.unwrap_model(model), dev, cands, pool, ctx.task, k)}
+        history.append(row)
+        accelerator.print(f"epoch {epoch + 1}: {row}")
+        _checkpoint(accelerator, ckpt_root, step, epoch + 1, 0, history)
+
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        accelerator.unwrap_model(model).save_pretrained(out / "model")
+        (out / "history.json").write_text(json.dumps(history, indent=2) + "\n")
+        _plot(history, out / "training_curve.png", k)
+        write_manifest(out, stage="encoder", fp=stage_fingerprint(ctx, "encoder"), config=ctx.cfg.section("train"),
+                       rows={"train_instances": len(train_rows), "dev_instances": len(dev), "steps": step},
+                       extra={"history": history, "processes": accelerator.num_processes})
+    accelerator.end_training()
+    return {"history": history}
+
+
+def _checkpoint(accelerator, root: Path, step: int, epoch: int, step_in_epoch: int, history) -> None:
+    d = root / f"step_{step}"
+    accelerator.save_state(str(d))
+    if accelerator.is_main_process:
+        (d / "progress.json").write_text(json.dumps({"epoch": epoch, "step_in_epoch": step_in_epoch, "history": history}))
+
+
+def _plot(history, path: Path, k: int) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ep = [h["epoch"] for h in history]
+    fig, ax = plt.subplots(1, 2, figsize=(9, 3.2))
+    ax[0].plot([h["epoch"] for h in history if h["loss"] is not None], [h["loss"] for h in history if h["loss"] is not None], "o-")
+    ax[0].set(xlabel="epoch", ylabel="train loss", title="contrastive loss")
+    if f"recall@{k}" in history[0]:
+        ax[1].plot(ep, [h[f"recall@{k}"] for h in history], "o-", label=f"recall@{k}")
+        ax[1].plot(ep, [h["mrr"] for h in history], "s-", label="MRR")
+        ax[1].set(xlabel="epoch (0 = untrained)", title="dev: LM positives among BM25 candidates")
+        ax[1].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("-c", "--config", action="append", default=[])
+    ap.add_argument("--set", action="append", default=[])
+    ap.add_argument("--resume", action="store_true")
+    a = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    ctx = Context(load_config(a.config, a.set))
+    train(ctx, resume=a.resume)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
