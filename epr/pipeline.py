@@ -52,6 +52,10 @@ STAGES: dict[str, Stage] = {
               lambda c: {"labels": c.cfg.section("labels")}, "epr.stages.labels:run_labels"),
         Stage("encoder", _const("labels"), lambda c: {"train": c.cfg.section("train"), "encoder": c.cfg.models.encoder},
               "epr.stages.encoder:run_encoder"),
+        Stage("compare", lambda c: ("encoder",) if any(r.split("+")[0] in ("epr", "dr-bm25") for r in c.cfg.retrieve.retrievers) else ("examples",),
+              lambda c: {k: c.cfg.section(k) for k in ("retrieve", "generate", "ragsys")} | {
+                  "lm": c.cfg.models.inference_lm or c.cfg.models.lm, "encoder": c.cfg.models.encoder, "seed": c.cfg.seed},
+              "epr.stages.compare:run_compare"),
     ]
 }
 

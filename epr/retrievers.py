@@ -1,0 +1,103 @@
+"""Every retriever behind one protocol (``epr.types.Retriever``), so the comparison grid is a loop.
+
+Unsupervised: ``random``, ``bm25`` (over inputs), ``sbert`` (frozen encoder, cosine; KATE).
+Learned: ``epr`` (trained dual encoder, inner product over a faiss index); ``dr-bm25`` is the same class
+pointed at an encoder trained on BM25 labels. Oracles (they see the gold output; never a fair baseline):
+``bm25-oracle`` (BM25 over outputs with the gold y).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from epr.bm25 import BM25Index
+from epr.index import build_index, search
+from epr.types import Example
+
+__all__ = ["RandomRetriever", "BM25Retriever", "DenseRetriever", "make_retriever", "ORACLES"]
+
+ORACLES = {"bm25-oracle"}
+
+
+def _drop_excluded(ids: np.ndarray, exclude: np.ndarray | None, k: int) -> np.ndarray:
+    """Rows of ``ids`` (over-fetched by one) without the excluded id, cut to ``k``."""
+    if exclude is None:
+        return ids[:, :k]
+    out = np.empty((ids.shape[0], min(k, ids.shape[1])), dtype=np.int64)
+    for i, row in enumerate(ids):
+        row = row[(row != exclude[i]) & (row >= 0)]
+        out[i] = row[: out.shape[1]]
+    return out
+
+
+class RandomRetriever:
+    name, is_oracle = "random", False
+
+    def __init__(self, pool: Sequence[Example], seed: int = 0):
+        self.n, self.seed = len(pool), seed
+
+    def retrieve(self, queries, k, exclude=None):
+        out = np.empty((len(queries), min(k, self.n - 1)), dtype=np.int64)
+        for i, q in enumerate(queries):  # per-query draw from (seed, query idx): order-independent
+            perm = np.random.default_rng([self.seed, q.idx]).permutation(self.n)
+            if exclude is not None:
+                perm = perm[perm != exclude[i]]
+            out[i] = perm[: out.shape[1]]
+        return out
+
+
+class BM25Retriever:
+    def __init__(self, pool: Sequence[Example], view: str = "input", backend: str = "bm25s", oracle: bool = False):
+        self.view, self.is_oracle = view, oracle
+        self.name = "bm25-oracle" if oracle else "bm25"
+        self.index = BM25Index([e.output if view == "output" else e.input for e in pool], backend)
+
+    def retrieve(self, queries, k, exclude=None):
+        texts = [q.output if self.is_oracle else q.input for q in queries]
+        return self.index.search(texts, k, exclude=exclude)[0]
+
+
+class DenseRetriever:
+    """Query embeddings against a faiss inner-product index of demonstration embeddings."""
+
+    is_oracle = False
+
+    def __init__(self, name: str, pool_emb: np.ndarray, embed_queries, factory: str = "Flat"):
+        self.name = name
+        self.pool_emb = pool_emb
+        self.index = build_index(pool_emb, factory)
+        self.embed_queries = embed_queries
+
+    def query_embeddings(self, queries: Sequence[Example]) -> np.ndarray:
+        return self.embed_queries([q.input for q in queries])
+
+    def retrieve(self, queries, k, exclude=None):
+        ids, _ = search(self.index, self.query_embeddings(queries), k + (exclude is not None))
+        return _drop_excluded(ids, exclude, k)
+
+
+def make_retriever(name: str, pool: Sequence[Example], task, cfg, run_dir, encoders: dict) -> DenseRetriever | BM25Retriever | RandomRetriever:
+    """Build a retriever by name. ``encoders`` caches loaded models between retrievers."""
+    from epr.encoder import DualEncoder
+    from epr.models import load_encoder
+
+    if name == "random":
+        return RandomRetriever(pool, cfg.seed)
+    if name == "bm25":
+        return BM25Retriever(pool, "input", cfg.candidates.backend)
+    if name == "bm25-oracle":
+        return BM25Retriever(pool, "output", cfg.candidates.backend, oracle=True)
+    if name == "sbert":
+        st = encoders.setdefault("sbert", load_encoder(cfg.models.encoder, cfg.models.cache_dir))
+        enc = lambda texts: st.encode(list(texts), batch_size=128, normalize_embeddings=True, convert_to_numpy=True)  # noqa: E731
+        return DenseRetriever("sbert", enc([e.input for e in pool]), enc, cfg.retrieve.index_factory)
+    if name in ("epr", "dr-bm25"):
+        path = run_dir / "encoder" / "model"
+        if not path.exists():
+            raise FileNotFoundError(f"retriever {name}: no trained encoder at {path}; run training first")
+        de = encoders.setdefault(str(path), DualEncoder.from_pretrained(str(path)))
+        pool_emb = de.encode([task.format_demo(e).strip() for e in pool], "prompt", progress=True)
+        return DenseRetriever(name, pool_emb, lambda texts: de.encode(list(texts), "query"), cfg.retrieve.index_factory)
+    raise ValueError(f"unknown retriever {name!r}; known: random, bm25, sbert, epr, dr-bm25, bm25-oracle")

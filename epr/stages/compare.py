@@ -1,0 +1,128 @@
+"""Stage ``compare``: every retriever on the same eval examples, LM, and prompt budget; one table.
+
+For each retriever: retrieve k ids, (optionally) re-rank with RAGSys MMR (``<name>+div``), build prompts
+within the budget, generate greedily (resumable by chunk), score with the task's metric. Writes
+``results.{md,csv,json}``, ``em.png`` and ``per_query.jsonl`` (which demonstrations each retriever chose).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from epr.artifacts import read_jsonl, write_jsonl
+from epr.evaluation import PAPER, mean_ci
+from epr.prompts import build_prompt
+from epr.retrievers import ORACLES, DenseRetriever, make_retriever
+from epr.stages.context import Context
+
+log = logging.getLogger(__name__)
+
+
+def rerank_div(base: DenseRetriever, queries, ids: np.ndarray, k: int, lambda_d: float) -> np.ndarray:
+    """RAGSys MMR (lambda_b = 1: no quality bias) over the first stage's shortlist, with its own embeddings."""
+    from ragsys import mmr_select
+
+    q = base.query_embeddings(queries)
+    out = np.empty((len(queries), min(k, ids.shape[1])), dtype=np.int64)
+    for i in range(len(queries)):
+        sel = mmr_select(q[i], base.pool_emb[ids[i]], None, out.shape[1], lambda_d, 1.0)
+        out[i] = ids[i][sel]
+    return out
+
+
+def run_compare(ctx: Context, out: Path, fp: str) -> dict:
+    from epr.generate import Generator
+    from epr.models import load_lm
+
+    cfg, rc = ctx.cfg, ctx.cfg.retrieve
+    task, pool, ev = ctx.task, ctx.examples("pool"), ctx.examples("eval")
+    model, tok = load_lm(cfg.models.inference_lm or cfg.models.lm, cfg.models.cache_dir, cfg.models.dtype)
+    count = lambda s: len(tok(s, add_special_tokens=False)["input_ids"])  # noqa: E731
+    gen = Generator(model, tok, cfg.generate.max_new_tokens, cfg.generate.batch_size, task.stop)
+    encoders: dict = {}
+    built: dict = {}
+    results, per_query = {}, [{"idx": e.idx, "input": e.input, "gold": e.output} for e in ev]
+    for name in rc.retrievers:
+        base_name, div = (name[:-4], True) if name.endswith("+div") else (name, False)
+        if base_name not in built:
+            built[base_name] = make_retriever(base_name, pool, task, cfg, cfg.run_dir, encoders)
+        r = built[base_name]
+        ids = r.retrieve(ev, rc.k)
+        if div:
+            if not isinstance(r, DenseRetriever):
+                raise ValueError(f"{name}: diversity re-ranking needs a dense first stage")
+            ids = rerank_div(r, ev, ids, rc.max_demos, cfg.ragsys.lambda_d)
+        prompts = [build_prompt(task, e, ids[i].tolist(), pool, count, rc.prompt_budget, rc.answer_reserve, rc.max_demos)
+                   for i, e in enumerate(ev)]
+        preds = _generate_resumable(gen, [p.text for p in prompts], out / "parts" / name, cfg.generate.chunk_size, name)
+        correct = [task.is_correct(p, e.output) for p, e in zip(preds, ev)]
+        m, lo, hi = mean_ci([100.0 * c for c in correct])
+        stat = {s: sum(p.status == s for p in prompts) for s in ("ok", "no_demo_fits", "query_too_long")}
+        results[name] = {"em": m, "ci_low": lo, "ci_high": hi, "oracle": base_name in ORACLES,
+                         "mean_demos": float(np.mean([len(p.demo_ids) for p in prompts])),
+                         "mean_prompt_tokens": float(np.mean([p.n_tokens for p in prompts])), "prompt_status": stat,
+                         "paper": PAPER.get(task.name, {}).get(base_name) if not div else None}
+        log.info("%s: EM %.1f [%.1f, %.1f]", name, m, lo, hi)
+        for row, p, y, c in zip(per_query, prompts, preds, correct):
+            row[name] = {"demos": list(p.demo_ids), "demo_inputs": [pool[i].input for i in p.demo_ids[:3]],
+                         "prediction": y, "correct": c}
+    write_jsonl(out / "per_query.jsonl", per_query)
+    _write_tables(out, task.name, results, len(ev), cfg)
+    return {"rows": {"eval": len(ev), "retrievers": len(results)}, "extra": {"results": results}}
+
+
+def _generate_resumable(gen, prompts: list[str], parts: Path, chunk: int, name: str) -> list[str]:
+    parts.mkdir(parents=True, exist_ok=True)
+    out: list[str] = []
+    for c, s in enumerate(tqdm(range(0, len(prompts), chunk), desc=f"generate [{name}]", unit="chunk")):
+        f = parts / f"chunk-{c:05d}.jsonl"
+        if f.exists():
+            rows = list(read_jsonl(f))
+            if [r["prompt"] for r in rows] == prompts[s : s + chunk]:
+                out.extend(r["prediction"] for r in rows)
+                continue
+        preds = gen.generate(prompts[s : s + chunk])
+        write_jsonl(f, [{"prompt": p, "prediction": y} for p, y in zip(prompts[s : s + chunk], preds)])
+        out.extend(preds)
+    return out
+
+
+def _write_tables(out: Path, task: str, results: dict, n: int, cfg) -> None:
+    rows = sorted(results.items(), key=lambda kv: (kv[1]["oracle"], kv[1]["em"]))
+    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    with open(out / "results.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["retriever", "em", "ci_low", "ci_high", "paper_em", "oracle", "mean_demos", "mean_prompt_tokens"])
+        for k, v in rows:
+            w.writerow([k, f"{v['em']:.2f}", f"{v['ci_low']:.2f}", f"{v['ci_high']:.2f}", v["paper"], v["oracle"],
+                        f"{v['mean_demos']:.2f}", f"{v['mean_prompt_tokens']:.0f}"])
+    lines = [f"# {task}: exact match on {n} evaluation examples", "",
+             f"Inference LM `{cfg.models.inference_lm or cfg.models.lm}`, prompt budget {cfg.retrieve.prompt_budget} tokens "
+             f"({cfg.retrieve.answer_reserve} reserved for the answer), at most {cfg.retrieve.max_demos} demos. "
+             "95% bootstrap intervals. Paper: GPT-Neo 2.7B (SPEC 2.8).", "",
+             "| retriever | EM (ours) | 95% CI | paper EM | demos/prompt | prompt problems |", "|---|---|---|---|---|---|"]
+    for k, v in rows:
+        bad = v["prompt_status"]["no_demo_fits"] + v["prompt_status"]["query_too_long"]
+        lines.append(f"| {k}{' (oracle)' if v['oracle'] else ''} | {v['em']:.1f} | {v['ci_low']:.1f}-{v['ci_high']:.1f} | "
+                     f"{'' if v['paper'] is None else v['paper']} | {v['mean_demos']:.1f} | {bad} |")
+    (out / "results.md").write_text("\n".join(lines) + "\n")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(1.2 * len(rows) + 2, 3.2))
+    names = [k for k, _ in rows]
+    ems = [v["em"] for _, v in rows]
+    err = [[v["em"] - v["ci_low"] for _, v in rows], [v["ci_high"] - v["em"] for _, v in rows]]
+    ax.bar(names, ems, yerr=err, color=["#999" if v["oracle"] else "#3b7dd8" for _, v in rows], capsize=3)
+    ax.set(ylabel="exact match (%)", title=f"{task}: retrievers (grey: oracles)")
+    fig.tight_layout()
+    fig.savefig(out / "em.png", dpi=120)
+    plt.close(fig)

@@ -1,0 +1,87 @@
+import numpy as np
+import pytest
+
+from epr.config import DataConfig, load_config
+from epr.evaluation import mean_ci
+from epr.index import brute_force, build_index, search
+from epr.prompts import build_prompt
+from epr.retrievers import BM25Retriever, DenseRetriever, RandomRetriever, make_retriever
+from epr.tasks import get_task
+
+
+@pytest.mark.parametrize("factory", ["Flat", "HNSW16"])
+def test_faiss_equals_brute_force(factory):
+    rng = np.random.default_rng(0)
+    emb = rng.normal(size=(500, 16)).astype(np.float32)
+    emb[7] = emb[3]  # an exact tie
+    q = rng.normal(size=(40, 16)).astype(np.float32)
+    ids, sc = search(build_index(emb, factory), q, 10, block=16)
+    ref_ids, ref_sc = brute_force(emb, q, 10)
+    if factory == "Flat":  # exact: same scores, same sets (ties may swap places)
+        np.testing.assert_allclose(sc, ref_sc, rtol=1e-4, atol=1e-4)
+        assert all(set(a) == set(b) or np.allclose(s[-1], r[-1]) for a, b, s, r in zip(ids, ref_ids, sc, ref_sc))
+    else:  # approximate: high recall of the exact top-10
+        assert np.mean([len(set(a) & set(b)) / 10 for a, b in zip(ids, ref_ids)]) >= 0.8
+
+
+def test_empty_pool_is_an_error():
+    with pytest.raises(ValueError, match="pool is empty"):
+        build_index(np.zeros((0, 4), dtype=np.float32))
+
+
+@pytest.fixture(scope="module")
+def demo():
+    task = get_task(DataConfig(task="demo"))
+    pool, ev = task.load()
+    return task, pool[:120], ev[:10]
+
+
+@pytest.fixture(scope="module")
+def all_retrievers(demo, tmp_path_factory, minilm_dir):
+    from epr.encoder import DualEncoder
+
+    task, pool, _ = demo
+    run = tmp_path_factory.mktemp("run")
+    DualEncoder.from_pretrained(minilm_dir).save_pretrained(run / "encoder" / "model")  # an untrained EPR encoder
+    cfg = load_config([], [f"models.encoder={minilm_dir}"])
+    return [make_retriever(n, pool, task, cfg, run, {}) for n in ("random", "bm25", "sbert", "epr", "bm25-oracle")]
+
+
+def test_retriever_contract(demo, all_retrievers):
+    """k distinct ids, never the query itself, deterministic: for every retriever."""
+    task, pool, _ = demo
+    queries = pool[:15]
+    exclude = np.array([q.idx for q in queries])
+    for r in all_retrievers:
+        a = r.retrieve(queries, 8, exclude=exclude)
+        assert a.shape == (15, 8) and a.dtype == np.int64, r.name
+        for row, q in zip(a, queries):
+            assert len(set(row.tolist())) == 8 and q.idx not in row and row.min() >= 0 and row.max() < len(pool), r.name
+        np.testing.assert_array_equal(a, r.retrieve(queries, 8, exclude=exclude))
+        assert r.is_oracle == (r.name == "bm25-oracle")
+    assert {type(r) for r in all_retrievers} == {RandomRetriever, BM25Retriever, DenseRetriever}
+
+
+def test_prompt_never_exceeds_budget(demo):
+    task, pool, ev = demo
+    count = lambda s: len(s.split())  # noqa: E731
+    for budget in (8, 20, 40, 200):
+        p = build_prompt(task, ev[0], list(range(50)), pool, count, budget, reserve=5, max_demos=16)
+        assert count(p.text) + 5 <= budget or p.status != "ok"
+        assert p.text.endswith(task.format_query(ev[0].input))
+        if p.demo_ids:  # the best demonstration sits right before the query
+            assert p.text.endswith(task.format_demo(pool[p.demo_ids[0]]) + task.format_query(ev[0].input))
+    nq = count(task.format_query(ev[0].input))
+    assert build_prompt(task, ev[0], [0, 1], pool, count, nq + 5 + 1, 5, 16).status == "no_demo_fits"
+    assert build_prompt(task, ev[0], [0, 1], pool, count, nq + 5 - 1, 5, 16).status == "query_too_long"
+
+
+def test_metrics_on_hand_made_cases():
+    mtop = get_task(DataConfig(task="mtop"))
+    assert mtop.is_correct("[IN:A  [SL:B x ] ]", "[IN:A [SL:B x ] ]")
+    assert not mtop.is_correct("[IN:A [SL:B y ] ]", "[IN:A [SL:B x ] ]")
+    brk = get_task(DataConfig(task="break"))
+    assert brk.is_correct("return flights ;return #1 from  denver", "Return flights; return #1 from denver")
+    assert not brk.is_correct("return flights ;return #2 from denver", "return flights ;return #1 from denver")
+    m, lo, hi = mean_ci([100, 0, 100, 100])
+    assert m == 75 and 0 <= lo <= m <= hi <= 100
