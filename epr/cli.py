@@ -32,6 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
     for name in STAGES:
         s = sub.add_parser(name, parents=[common], help=f"run the {name} stage (its upstream must be fresh)")
         s.add_argument("--force", action="store_true")
+    from epr import truthfulqa_cli
+
+    truthfulqa_cli.add_parser(sub)
     return p
 
 
@@ -50,6 +53,10 @@ def main(argv: list[str] | None = None) -> int:
     from epr.types import InputError
 
     try:
+        if args.cmd == "truthfulqa":
+            from epr import truthfulqa_cli
+
+            return truthfulqa_cli.run(args)
         ctx = context_from_args(args)
         if args.cmd == "status":
             for name, state in pipeline.status(ctx).items():

@@ -1,0 +1,136 @@
+"""``epr truthfulqa``: the six RAGSys variants on TruthfulQA, and the lambda_d calibration sweep.
+
+    epr truthfulqa --data-dir ../shared/data                       # all 817 questions, six variants
+    epr truthfulqa --data-dir ../shared/data --limit 200 --sweep 0,0.25,0.5,0.75,1
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+
+from epr.truthfulqa import (
+    PRIMER,
+    build_sets,
+    demo_text,
+    empty_scores,
+    evaluate_variant,
+    load_tqa,
+    mean_pairwise_cosine,
+    quality_bias,
+    select_context,
+)
+
+VARIANTS = ["fix", "bias", "rel", "rel+bias", "rel+div", "rel+div+bias"]
+# SPEC 3.6: (DPO, MC1, paper-MC2, paper-MC3)
+PAPER = {"Mistral-7B": {"fix": (-20.40, .2815, .2086, .4285), "bias": (-33.56, .2411, .1652, .3596),
+                        "rel": (-12.71, .4455, .3664, .5925), "rel+bias": (-13.63, .4602, .3663, .5969),
+                        "rel+div": (-12.37, .5177, .3930, .6616), "rel+div+bias": (-14.54, .4676, .3592, .6255)},
+         "Llama-3-8B": {"fix": (-22.12, .3623, .2709, .5195), "bias": (-17.55, .3831, .2876, .5729),
+                        "rel": (-17.20, .4920, .4046, .6518), "rel+bias": (-17.14, .5043, .4083, .6570),
+                        "rel+div": (-16.14, .5520, .4173, .7009), "rel+div+bias": (-15.80, .5177, .4007, .6841)}}
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("truthfulqa", help="RAGSys variants on TruthfulQA (MC1/MC2/MC3, DPO)")
+    p.add_argument("--data-dir", default="../shared/data")
+    p.add_argument("--version", default="2021-10", choices=["2021-10", "v0"])
+    p.add_argument("--lm", default="smollm2")
+    p.add_argument("--encoder", default="minilm")
+    p.add_argument("--variants", default=",".join(VARIANTS))
+    p.add_argument("--k", type=int, default=6)
+    p.add_argument("--lambda-d", type=float, default=0.75)
+    p.add_argument("--lambda-b", type=float, default=0.95)
+    p.add_argument("--limit", type=int, default=None, help="evaluate a seeded subset of questions (pool stays whole)")
+    p.add_argument("--sweep", default="", help="comma-separated lambda_d values for the calibration figure")
+    p.add_argument("--out", default=None)
+    p.add_argument("--batch-tokens", type=int, default=2048)
+    p.add_argument("--log-level", default="INFO")
+
+
+def run(a: argparse.Namespace) -> int:
+    from epr.models import load_encoder, load_lm
+    from epr.scoring import LMScorer
+
+    rows = load_tqa(a.data_dir, a.version)
+    full = build_sets(rows)
+    out = Path(a.out or f"runs/truthfulqa-{a.lm.replace('/', '_')}")
+    out.mkdir(parents=True, exist_ok=True)
+    model, tok = load_lm(a.lm)
+    scorer = LMScorer(model, tok, batch_tokens=a.batch_tokens)
+    st = load_encoder(a.encoder)
+    q_emb = st.encode([r["question"] for r in rows], batch_size=128, normalize_embeddings=True)
+    icl_emb = st.encode([q for _, q, _ in full.icl], batch_size=128, normalize_embeddings=True)
+    icl_q = np.array([qi for qi, _, _ in full.icl])
+    bias = quality_bias(scorer, full.icl, out / "quality_bias.npy")
+
+    subset = np.arange(len(rows))
+    if a.limit is not None and a.limit < len(rows):
+        subset = np.sort(np.random.default_rng(0).choice(len(rows), a.limit, replace=False))
+    keep = set(subset.tolist())
+    data = type(full)([rows[i] for i in subset], full.icl, [(int(np.searchsorted(subset, qi)), x, y) for qi, x, y in full.dpo if qi in keep])
+    empty = empty_scores(scorer, data, out / f"empty_n{len(subset)}.jsonl")
+
+    def contexts(variant: str, ld: float) -> tuple[list[str], list[list[int]]]:
+        if variant == "fix":
+            return ["".join(demo_text(q, a_) for q, a_ in PRIMER)] * len(subset), []
+        sets = [select_context(variant, int(qi), q_emb[qi], icl_emb, icl_q, bias, a.k, ld, a.lambda_b) for qi in subset]
+        # most relevant demonstration right before the question
+        return ["".join(demo_text(full.icl[j][1], full.icl[j][2]) for j in reversed(s)) for s in sets], sets
+
+    results = {}
+    for v in [x for x in a.variants.split(",") if x]:
+        ctxs, sets = contexts(v, a.lambda_d)
+        summ, _ = evaluate_variant(scorer, data, ctxs, empty, out / f"{v}_n{len(subset)}.jsonl", desc=v)
+        summ["mean_pairwise_cosine"] = mean_pairwise_cosine(icl_emb, sets) if sets else None
+        results[v] = summ
+    if results:
+        _write_results(out, results, a, len(subset), len(full.icl), len(full.dpo))
+    if a.sweep:
+        sweep = []
+        for ld in [float(x) for x in a.sweep.split(",")]:
+            ctxs, sets = contexts("rel+div+bias", ld)
+            summ, _ = evaluate_variant(scorer, data, ctxs, empty, out / f"sweep_{ld:g}_n{len(subset)}.jsonl", desc=f"lambda_d={ld:g}")
+            sweep.append({"lambda_d": ld, "cosine": mean_pairwise_cosine(icl_emb, sets), **summ})
+        _write_sweep(out, sweep, a, len(subset))
+    return 0
+
+
+def _write_results(out: Path, res: dict, a, n: int, n_icl: int, n_dpo: int) -> None:
+    (out / "results.json").write_text(json.dumps(res, indent=2) + "\n")
+    lines = [f"# TruthfulQA ({a.version}), {n} questions, LM `{a.lm}`, k={a.k}, lambda_d={a.lambda_d}, lambda_b={a.lambda_b}", "",
+             f"D_ICL {n_icl} pairs, D_DPO {n_dpo} triplets, leave-one-out by question. Relevance: `{a.encoder}` cosine.", "",
+             "Naming: paper-MC2 = official MC3 (fraction of true answers above every false one); paper-MC3 = official MC2 "
+             "(normalised true-answer probability mass). DPO is averaged over triplets (x100 would be the paper's scale? see note).", "",
+             "| variant | DPO | MC1 | paper-MC2 (=official MC3) | paper-MC3 (=official MC2) | mean pairwise cos | paper Mistral-7B (DPO, MC1, MC2, MC3) | paper Llama-3-8B |",
+             "|---|---|---|---|---|---|---|---|"]
+    for v, s in res.items():
+        cos = "" if s["mean_pairwise_cosine"] is None else f"{s['mean_pairwise_cosine']:.3f}"
+        lines.append(f"| {v} | {s['dpo']:.4f} | {s['mc1']:.4f} | {s['paper_mc2']:.4f} | {s['paper_mc3']:.4f} | {cos} | "
+                     f"{PAPER['Mistral-7B'].get(v)} | {PAPER['Llama-3-8B'].get(v)} |")
+    (out / "results.md").write_text("\n".join(lines) + "\n")
+
+
+def _write_sweep(out: Path, sweep: list, a, n: int) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    (out / "sweep.json").write_text(json.dumps(sweep, indent=2) + "\n")
+    lines = [f"# lambda_d sweep (lambda_b={a.lambda_b}, k={a.k}, {n} questions, LM `{a.lm}`)", "",
+             "| lambda_d | mean pairwise cosine | DPO | MC1 | paper-MC2 | paper-MC3 |", "|---|---|---|---|---|---|"]
+    lines += [f"| {s['lambda_d']:g} | {s['cosine']:.3f} | {s['dpo']:.4f} | {s['mc1']:.4f} | {s['paper_mc2']:.4f} | {s['paper_mc3']:.4f} |"
+              for s in sweep]
+    (out / "sweep.md").write_text("\n".join(lines) + "\n")
+    fig, ax = plt.subplots(figsize=(4.5, 3.5))
+    ax.plot([s["cosine"] for s in sweep], [s["dpo"] for s in sweep], "o-")
+    for s in sweep:
+        ax.annotate(f"λd={s['lambda_d']:g}", (s["cosine"], s["dpo"]), fontsize=8, xytext=(3, 3), textcoords="offset points")
+    ax.set(xlabel="mean pairwise cosine of the retrieved set", ylabel="DPO metric", title="calibration: diversity vs DPO")
+    fig.tight_layout()
+    fig.savefig(out / "sweep.png", dpi=120)
+    plt.close(fig)
