@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from pathlib import Path
 
 __all__ = ["main", "build_parser", "context_from_args"]
 
@@ -32,17 +33,44 @@ def build_parser() -> argparse.ArgumentParser:
     for name in STAGES:
         s = sub.add_parser(name, parents=[common], help=f"run the {name} stage (its upstream must be fresh)")
         s.add_argument("--force", action="store_true")
+    i = sub.add_parser("inspect", parents=[common], help="show what each retriever picks for one query")
+    i.add_argument("query")
+    i.add_argument("-k", type=int, default=5)
+    sub.add_parser("demo", parents=[common], help="the whole pipeline on the packaged demo set, ending in a comparison table")
     from epr import truthfulqa_cli
 
     truthfulqa_cli.add_parser(sub)
     return p
 
 
+DEMO_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"
+
+
 def context_from_args(args: argparse.Namespace):
     from epr.config import load_config
     from epr.stages.context import Context, Dist
 
-    return Context(load_config(args.config, args.set), Dist.from_env())
+    paths = args.config or ([DEMO_CONFIG] if args.cmd in ("demo", "inspect") else [])
+    return Context(load_config(paths, args.set), Dist.from_env())
+
+
+def run_demo(ctx) -> int:
+    """Every stage on the packaged demo set, then the comparison table in the terminal."""
+    import time
+
+    from epr import pipeline
+
+    t0 = time.time()
+    pipeline.run(ctx, until="compare")
+    out = ctx.stage_dir("compare")
+    sys.stdout.write("\n" + (out / "results.md").read_text() + "\n")
+    sys.stdout.write(f"Done in {time.time() - t0:.0f} s. Everything is under {ctx.cfg.run_dir}/:\n"
+                     f"  labels        {ctx.stage_dir('labels') / 'labels.jsonl'}\n"
+                     f"  encoder       {ctx.stage_dir('encoder') / 'model'} (training curve: training_curve.png)\n"
+                     f"  comparison    {out / 'results.md'}, results.csv, em.png, report.html\n"
+                     f"  per query     {out / 'per_query.jsonl'}\n"
+                     f"Next: epr inspect \"turn on the garage lights\"   (what each retriever picks)\n")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -61,6 +89,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "status":
             for name, state in pipeline.status(ctx).items():
                 sys.stdout.write(f"{name:<12} {state:<8} {ctx.stage_dir(name)}\n")
+            return 0
+        if args.cmd == "demo":
+            return run_demo(ctx)
+        if args.cmd == "inspect":
+            from epr.inspect_cmd import inspect_query
+
+            inspect_query(ctx, args.query, args.k)
             return 0
         if args.cmd == "run":
             ran = pipeline.run(ctx, args.until, tuple(args.force))

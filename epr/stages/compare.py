@@ -112,6 +112,34 @@ def _write_tables(out: Path, task: str, results: dict, n: int, cfg) -> None:
         lines.append(f"| {k}{' (oracle)' if v['oracle'] else ''} | {v['em']:.1f} | {v['ci_low']:.1f}-{v['ci_high']:.1f} | "
                      f"{'' if v['paper'] is None else v['paper']} | {v['mean_demos']:.1f} | {bad} |")
     (out / "results.md").write_text("\n".join(lines) + "\n")
+    _plot(out, task, rows)
+    _html(out, lines)
+
+
+def _html(out: Path, md_lines: list[str]) -> None:
+    """A self-contained HTML report: the table and the bar plot (embedded), to open from a file."""
+    import base64
+    import html
+
+    body, table = [], []
+    for line in md_lines:
+        if line.startswith("|"):
+            cells = [html.escape(c.strip()) for c in line.strip("|").split("|")]
+            if not set("".join(cells)) <= set("-"):
+                tag = "th" if not table else "td"
+                table.append("<tr>" + "".join(f"<{tag}>{c}</{tag}>" for c in cells) + "</tr>")
+        elif line.startswith("# "):
+            body.append(f"<h1>{html.escape(line[2:])}</h1>")
+        elif line:
+            body.append(f"<p>{html.escape(line)}</p>")
+    img = base64.b64encode((out / "em.png").read_bytes()).decode()
+    (out / "report.html").write_text(
+        "<!doctype html><meta charset=utf-8><title>epr comparison</title><style>body{font-family:sans-serif;max-width:60em;margin:2em auto}"
+        "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}</style>"
+        + "".join(body) + "<table>" + "".join(table) + f"</table><p><img src='data:image/png;base64,{img}'></p>")
+
+
+def _plot(out: Path, task: str, rows) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
