@@ -1,6 +1,7 @@
 """The training script on the tiny task: decreasing loss, exact resume, bad labels, 2-process launch."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -70,8 +71,10 @@ def test_two_process_accelerate_launch(tmp_path, tiny_task_files, minilm_dir):
     import yaml
 
     cfg.write_text(yaml.safe_dump(json.loads(json.dumps(ctx.cfg.to_dict()))))
-    r = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--multi_cpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-                        str(ROOT / "training" / "train_epr.py"), "-c", str(cfg)], capture_output=True, text=True, timeout=600)
+    # on CPU, accelerate's launcher starts one process; torchrun sets the env that Accelerator reads (gloo)
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29533",
+                        str(ROOT / "training" / "train_epr.py"), "-c", str(cfg)], capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "ACCELERATE_USE_CPU": "1"})
     assert r.returncode == 0, r.stderr[-3000:]
     m = json.loads((ctx.stage_dir("encoder") / "manifest.json").read_text())
     assert m["processes"] == 2 and m["rows"]["steps"] >= 1

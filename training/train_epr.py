@@ -6,6 +6,8 @@ Launch (reads the run's ``labels`` and ``examples`` stages, writes ``runs/<name>
     accelerate launch --num_processes 2 training/train_epr.py -c configs/mtop.yaml --set train.batch_size=64
     python training/train_epr.py -c configs/demo.yaml --set train.epochs=1        # one process is fine too
     accelerate launch training/train_epr.py -c configs/mtop.yaml --resume          # from the last checkpoint
+    ACCELERATE_USE_CPU=1 torchrun --nproc_per_node 2 training/train_epr.py -c ...  # several CPU processes
+    (accelerate's own launcher starts a single process on a machine without GPUs)
 
 Each instance gets one sampled positive and one sampled hard negative; every other instance's positive and
 negative (gathered across processes) are negatives too: 2B-1 in all. ``train.chunk_size > 0`` turns on
@@ -61,11 +63,26 @@ def compute_loss(model: DualEncoder, batch, pool, task, cfg, accelerator) -> tor
         cs = cfg.chunk_size
         q_chunks = [unwrapped.tokenize(qs[i : i + cs]) for i in range(0, len(qs), cs)]
         d_chunks = [unwrapped.tokenize(ds[i : i + 2 * cs]) for i in range(0, len(ds), 2 * cs)]
-        return grad_cache_backward(lambda b: model(b, "query"), lambda b: model(b, "prompt"), q_chunks, d_chunks,
+        return grad_cache_backward(lambda b: unwrapped(b, "query"), lambda b: unwrapped(b, "prompt"), q_chunks, d_chunks,
                                    loss_fn, backward=lambda t, g: accelerator.backward(t, gradient=g))
-    loss = loss_fn(model(unwrapped.tokenize(qs), "query"), model(unwrapped.tokenize(ds), "prompt"))
+    loss = loss_fn(unwrapped(unwrapped.tokenize(qs), "query"), unwrapped(unwrapped.tokenize(ds), "prompt"))
     accelerator.backward(loss)
     return loss.detach()
+
+
+def average_gradients(model: torch.nn.Module, accelerator) -> None:
+    """Mean of the gradients over processes. The towers run several forward passes per step (two towers,
+    GradCache re-forwards), which DDP's hooks do not allow, so forward/backward use the unwrapped module and
+    the gradients are averaged here, as DDP would."""
+    if accelerator.num_processes == 1:
+        return
+    import torch.distributed as dist
+
+    for p in model.parameters():
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
+        p.grad /= accelerator.num_processes
 
 
 def evaluate(model: DualEncoder, dev, cands: dict, pool, task, k: int) -> dict:
@@ -130,6 +147,7 @@ def train(ctx: Context, resume: bool = False) -> dict:
         for i, batch in enumerate(bar, start=skip):
             with accelerator.accumulate(model):
                 loss = compute_loss(model, batch, pool, ctx.task, tc, accelerator)
+                average_gradients(accelerator.unwrap_model(model), accelerator)
                 opt.step()
                 sched.step()
                 opt.zero_grad()
