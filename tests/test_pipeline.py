@@ -64,3 +64,25 @@ def test_killed_scoring_resumes_identically(tmp_path, tiny_task_files, tiny_lm_d
 def test_bm25_label_source_needs_no_lm(tmp_path, tiny_task_files):
     ctx = make_ctx(tmp_path, tiny_task_files, "/nonexistent/lm", "labels.source=bm25")
     assert pipeline.run(ctx) == ["examples", "candidates", "labels"]
+
+
+@pytest.mark.slow
+def test_two_process_scoring_merges_to_single_process_bytes(tmp_path, tiny_task_files, tiny_lm_dir):
+    import os
+    import subprocess
+    import sys
+
+    import yaml
+
+    one = make_ctx(tmp_path / "one", tiny_task_files, tiny_lm_dir)
+    pipeline.run(one, until="scores")
+    two = make_ctx(tmp_path / "two", tiny_task_files, tiny_lm_dir)
+    pipeline.run(two, until="candidates")
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(yaml.safe_dump(__import__("json").loads(__import__("json").dumps(two.cfg.to_dict()))))
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29534",
+                        "-m", "epr.cli", "scores", "-c", str(cfg)], capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "ACCELERATE_USE_CPU": "1"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert (two.stage_dir("scores") / "scores.jsonl").read_bytes() == (one.stage_dir("scores") / "scores.jsonl").read_bytes()
+    assert pipeline.status(two)["scores"] == "fresh"
