@@ -5,9 +5,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from epr.artifacts import read_jsonl
 from epr.tasks.base import RawRow, Task, register, split_pool_eval
 
-__all__ = ["MTOP", "Break", "SMCalFlow", "Demo", "Generic"]
+__all__ = ["MTOP", "Break", "SMCalFlow", "Demo", "Generic", "TruthfulQA"]
 
 DEMO_DIR = Path(__file__).resolve().parent.parent / "data"
 
@@ -96,4 +97,35 @@ class Generic(Task):
         return split_pool_eval(rows, min(self.cfg.eval_size, len(rows) // 5), self.cfg.split_seed)
 
 
-_ = RawRow  # re-exported for subclass authors
+
+
+
+@register("truthfulqa")
+class TruthfulQA(Task):
+    """TruthfulQA as (question, correct answer) pairs for the retrieval pipeline; split by question, so no
+    question has answers on both sides. The RAGSys evaluation (MC1/MC2/MC3, DPO) is ``epr truthfulqa``."""
+
+    hub_name = "truthful_qa"
+    stop = "\n\n"
+
+    def raw_splits(self):
+        if self.cfg.data_dir:
+            path = self.data_path("truthfulqa", "truthfulqa.2021-10.jsonl")
+            rows = [RawRow(r["question"], a, {"id": r.get("id")}, f"{path}:#{i}")
+                    for i, r in enumerate(read_jsonl(path, required=("question", "correct_answers")), start=1)
+                    for a in r["correct_answers"]]
+        else:
+            from datasets import load_dataset
+
+            ds = load_dataset(self.hub_name, "generation", split="validation")
+            rows = [RawRow(r["question"], a, {}, f"{self.hub_name}#{i}") for i, r in enumerate(ds) for a in r["correct_answers"]]
+        return split_pool_eval(rows, self.cfg.eval_size, self.cfg.split_seed, group=lambda r: r.input)
+
+    def format_demo(self, ex):
+        return f"Q: {ex.input}\nA: {ex.output}\n\n"
+
+    def format_query(self, x):
+        return f"Q: {x}\nA:"
+
+    def format_target(self, y):
+        return f" {y}\n\n"
