@@ -90,6 +90,7 @@ class RetrieveConfig:
     prompt_budget: int = 768  # inference-LM tokens for demos + query + reserved answer room
     answer_reserve: int = 96
     max_demos: int = 16
+    eval_limit: int | None = None  # compare on a seeded subset of the eval split (the examples stage keeps all)
 
 
 @dataclass(frozen=True)
