@@ -19,7 +19,9 @@ def test_end_to_end_then_skip_then_invalidate(tmp_path, tiny_task_files, tiny_lm
     ctx = make_ctx(tmp_path, tiny_task_files, tiny_lm_dir)
     assert set(pipeline.status(ctx).values()) == {"missing"}
     assert pipeline.run(ctx) == ["examples", "candidates", "scores", "labels"]
-    assert set(pipeline.status(ctx).values()) == {"fresh"}
+    st = pipeline.status(ctx)
+    assert [st[s] for s in ("examples", "candidates", "scores", "labels")] == ["fresh"] * 4
+    assert st["encoder"] == st["compare"] == "missing"
     labels = (ctx.stage_dir("labels") / "labels.jsonl").read_text().splitlines()
     assert len(labels) == 24
     assert pipeline.run(ctx) == []  # everything fresh: nothing reruns
