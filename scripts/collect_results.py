@@ -45,9 +45,13 @@ Command: `epr run -c configs/mtop.yaml --until compare` (a seeded 200-example su
 validation subset; SmolLM2 generates, prompt budget 512 tokens with 80 reserved for the answer, at most 8 demos).
 Per-query choices and predictions: `results/mtop/per_query.jsonl`.
 
-**What this shows, honestly.** Random demonstrations give 0 EM: the small LM cannot produce MTOP programs without
+**What this shows, honestly.** The ends match the paper: Random at the bottom, BM25-Oracle clearly on top (43.0).
+Random demonstrations give 0 EM: the small LM cannot produce MTOP programs without
 similar examples. Every similarity-based retriever gets ~28-30 EM, and with 200 examples the 95% intervals (about +-6)
-overlap completely: **EPR does not beat BM25 and SBERT here**. Likely reasons, in order: (1) the encoder saw only 900
+overlap completely: **EPR does not beat BM25 and SBERT here** (EPR 28.5, BM25 27.5, SBERT 29.5), and RAGSys
+diversity on top of EPR (λ_d = 0.75) did not help either (26.5). EPR and BM25 choose different demonstrations (27% of
+BM25's demos also appear in EPR's prompt) and each solves about 20 queries the other misses (EPR-only 20, BM25-only 18,
+both 37), so the learned retriever is not a copy of BM25, just not better on average at this scale. Likely reasons, in order: (1) the encoder saw only 900
 labelled training examples (the paper labelled all ~15k with a 2.7B scoring LM); its intrinsic dev recall@5 rose from
 0.17 to 0.27, so it learned something, but from little data; (2) SmolLM2-135M-Instruct (4-bit) is a weak, instruction-
 tuned scorer whose preferences are noisier than GPT-Neo 2.7B's; (3) 200 evaluation examples cannot resolve differences
