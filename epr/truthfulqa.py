@@ -124,6 +124,9 @@ def evaluate_variant(scorer: LMScorer, data: TQA, contexts: Sequence[str], empty
     from ragsys.metrics import dpo_triplet, question_metrics
 
     done = {r["qi"]: r for r in read_jsonl(out)} if out is not None and out.exists() else {}
+    triplets: dict[int, list[tuple[str, str]]] = {}
+    for qj, a, b in data.dpo:  # group once, not a scan of every triplet per question
+        triplets.setdefault(qj, []).append((a, b))
     rows = []
     fh = open(out, "a", encoding="utf-8") if out is not None else None
     try:
@@ -135,7 +138,7 @@ def evaluate_variant(scorer: LMScorer, data: TQA, contexts: Sequence[str], empty
             m = question_metrics([lp[c] for c in r["mc1_targets"]["choices"]], r["mc1_targets"]["labels"],
                                  [lp[c] for c in r["mc2_targets"]["choices"]], r["mc2_targets"]["labels"])
             e = empty[qi]
-            d = [dpo_triplet(lp[a], e[a], lp[b], e[b]) for (qj, a, b) in data.dpo if qj == qi]
+            d = [dpo_triplet(lp[a], e[a], lp[b], e[b]) for a, b in triplets.get(qi, [])]
             row = {"qi": qi, "context": contexts[qi], **m, "dpo_sum": float(np.sum(d)), "dpo_n": len(d)}
             rows.append(row)
             if fh is not None:
