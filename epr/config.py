@@ -55,6 +55,8 @@ class CandidatesConfig:
 class ScoringConfig:
     batch_tokens: int = 4096  # padded tokens per forward pass
     chunk_size: int = 32  # training examples per resumable chunk
+    forward: str = "fast"  # fast (epr.fastlm, Llama-family) | hf (the transformers forward)
+    compile: bool = False  # torch.compile the forward (one-off compile of minutes; pays off on long runs)
 
 
 @dataclass(frozen=True)
@@ -237,6 +239,7 @@ def _validate(cfg: ExperimentConfig) -> None:
         (cfg.labels.k_pos + cfg.labels.k_neg <= cfg.candidates.L,
          f"labels.k_pos + labels.k_neg ({cfg.labels.k_pos}+{cfg.labels.k_neg}) must be <= candidates.L ({cfg.candidates.L})"),
         (cfg.scoring.batch_tokens >= 16, "scoring.batch_tokens must be >= 16"),
+        (cfg.scoring.forward in ("fast", "hf"), f"scoring.forward={cfg.scoring.forward!r} must be 'fast' or 'hf'"),
         (0.0 <= cfg.ragsys.lambda_d <= 1.0, f"ragsys.lambda_d={cfg.ragsys.lambda_d} must be in [0, 1]"),
         (0.0 <= cfg.ragsys.lambda_b <= 1.0, f"ragsys.lambda_b={cfg.ragsys.lambda_b} must be in [0, 1]"),
         (cfg.train.batch_size >= 2, "train.batch_size must be >= 2 (in-batch negatives)"),

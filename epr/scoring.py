@@ -53,7 +53,10 @@ def make_batches(lengths: Sequence[int], batch_tokens: int) -> list[list[int]]:
 class LMScorer:
     """Score targets after contexts with a causal LM (any ``AutoModelForCausalLM``)."""
 
-    def __init__(self, model, tokenizer, batch_tokens: int = 4096, max_length: int | None = None):
+    def __init__(self, model, tokenizer, batch_tokens: int = 4096, max_length: int | None = None,
+                 forward: str = "fast", compile: bool = False):
+        if forward not in ("fast", "hf"):
+            raise ValueError(f"forward must be 'fast' or 'hf', not {forward!r}")
         self.model = model
         self.tok = tokenizer
         self.batch_tokens = batch_tokens
@@ -61,6 +64,16 @@ class LMScorer:
         self.device = next(model.parameters()).device
         # a target needs a predecessor token: an empty context gets BOS (or EOS when there is none)
         self._start = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+        # the lean forward of epr.fastlm where it reproduces the model, else the transformers forward
+        self.backbone = None
+        if forward == "fast":
+            from epr.fastlm import fast_backbone
+
+            self.backbone = fast_backbone(model)
+        if self.backbone is None:
+            self.backbone = lambda ids: model.base_model(input_ids=ids).last_hidden_state
+        if compile:  # fuses the element-wise work; pays a one-off compile (minutes on 2 cores)
+            self.backbone = torch.compile(self.backbone, dynamic=True)
 
     # -- tokenisation ---------------------------------------------------------------------------
     def encode(self, contexts: Sequence[str], targets: Sequence[str]) -> list[tuple[list[int], list[int]]]:
@@ -115,7 +128,7 @@ class LMScorer:
         rows_t, cols_t = torch.cat(rows), torch.cat(cols)
         # Right padding under a causal mask: real tokens never attend to the pads that follow them, so no
         # padding mask is needed and attention takes its fast is_causal path.
-        hidden = self.model.base_model(input_ids=ids.to(self.device)).last_hidden_state
+        hidden = self.backbone(ids.to(self.device))
         h = hidden[rows_t.to(self.device), cols_t.to(self.device)]  # (n_target_tokens, H)
         logits = self.model.get_output_embeddings()(h).float()
         lp = torch.log_softmax(logits, dim=-1).gather(1, torch.cat(labels).to(self.device)[:, None])[:, 0]

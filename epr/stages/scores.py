@@ -30,7 +30,8 @@ def build_scorer(ctx: Context) -> LMScorer:
     if ctx.dist.world > 1 and device == "cuda":
         device = f"cuda:{ctx.dist.rank}"
     model, tok = load_lm(m.lm, m.cache_dir, m.dtype, device)
-    return LMScorer(model, tok, batch_tokens=ctx.cfg.scoring.batch_tokens)
+    sc = ctx.cfg.scoring
+    return LMScorer(model, tok, batch_tokens=sc.batch_tokens, forward=sc.forward, compile=sc.compile)
 
 
 def _cuda() -> bool:

@@ -1,0 +1,121 @@
+"""A lean inference forward for Llama-architecture LMs (SmolLM2 and kin), used by the scorer.
+
+The Hugging Face forward is written for every use (training, caches, masks, tensor parallelism); for scoring we need
+one thing: the final hidden states of right-padded sequences under a causal mask. On a 2-core CPU most of the HF
+forward's time is not the matrix products but the element-wise passes around them (RMSNorm's fp32 round trip,
+``rotate_half``'s ``cat`` and ``neg``, separate q/k/v and gate/up projections, dtype copies). This module computes the
+same function with fewer passes over memory:
+
+- q, k, v come from one fused projection, gate and up from another (the weights are concatenated once);
+- RMSNorm reads the bf16 activations once for the fp32 norm and writes the normalised bf16 result in one pass;
+- rotary embedding is ``x * cos + roll(x) * sin_signed`` (one ``roll``, one ``addcmul``), on q and k together;
+- attention is PyTorch's fused ``scaled_dot_product_attention`` with ``is_causal`` and grouped key/value heads.
+
+Numerics follow the HF code (RMSNorm in fp32, cos/sin from the model's own rotary module, so every rope variant the
+model supports is honoured); results agree to float rounding (tested against ``transformers``). Models this does
+not cover (other architectures, biases, tensor-parallel checkpoints) make :func:`fast_backbone` return ``None`` and
+the scorer falls back to the HF forward.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["FastLlama", "fast_backbone"]
+
+log = logging.getLogger(__name__)
+
+
+def _rms_norm(h: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """HF LlamaRMSNorm: ``w * (h_fp32 * rsqrt(mean(h_fp32^2) + eps)).to(h.dtype)`` in three passes."""
+    n = h.shape[-1]
+    norm = torch.linalg.vector_norm(h, 2, dim=-1, keepdim=True, dtype=torch.float32)
+    scale = torch.rsqrt(norm.square_().div_(n).add_(eps))
+    out = torch.empty_like(h)
+    torch.mul(h, scale, out=out)  # computed in fp32, rounded once to h.dtype, as HF does
+    return out.mul_(w)
+
+
+class FastLlama(torch.nn.Module):
+    """Final hidden states of a Llama-style decoder, ``forward(ids: (B, T) long) -> (B, T, H)``.
+
+    Holds references to (not copies of) the embedding and norm weights and one concatenated copy of the projection
+    weights per layer, transposed for ``x @ W``.
+    """
+
+    def __init__(self, model) -> None:
+        super().__init__()
+        cfg = model.config
+        base = model.base_model
+        self.H = cfg.num_attention_heads
+        self.Hkv = cfg.num_key_value_heads
+        self.D = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.H
+        self.I = cfg.intermediate_size
+        self.eps = cfg.rms_norm_eps
+        self.embed = base.embed_tokens
+        self.rotary = base.rotary_emb
+        self.final_w = base.norm.weight
+        self.scale = base.layers[0].self_attn.scaling
+        self.layers = []
+        with torch.no_grad():
+            for layer in base.layers:
+                at, mlp = layer.self_attn, layer.mlp
+                self.layers.append((
+                    layer.input_layernorm.weight,
+                    torch.cat([at.q_proj.weight, at.k_proj.weight, at.v_proj.weight]).t().contiguous(),
+                    at.o_proj.weight.t().contiguous(),
+                    layer.post_attention_layernorm.weight,
+                    torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).t().contiguous(),
+                    mlp.down_proj.weight.t().contiguous(),
+                ))
+
+    @torch.inference_mode()
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        B, T = ids.shape
+        H, Hkv, D = self.H, self.Hkv, self.D
+        x = self.embed(ids)
+        cos, sin = self.rotary(x, torch.arange(T, device=ids.device)[None])  # (1, T, D), x.dtype
+        cos = cos[:, :, None, :]
+        half = D // 2
+        # rotate_half(x) * sin == roll(x, D/2) * [-sin_lo, sin_hi]
+        sin = torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)[:, :, None, :]
+        h = x.reshape(B * T, -1)
+        nq, nk = H * D, Hkv * D
+        for ln1, wqkv, wo, ln2, wgu, wd in self.layers:
+            a = _rms_norm(h, ln1, self.eps)
+            qkv = a @ wqkv
+            qk = qkv[:, : nq + nk].view(B, T, H + Hkv, D)
+            qk = torch.addcmul(qk * cos, qk.roll(half, dims=-1), sin)
+            q = qk[:, :, :H].transpose(1, 2)
+            k = qk[:, :, H:].transpose(1, 2)
+            v = qkv[:, nq + nk :].view(B, T, Hkv, D).transpose(1, 2)
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale, enable_gqa=Hkv != H)
+            h = h + o.transpose(1, 2).reshape(B * T, nq) @ wo
+            a = _rms_norm(h, ln2, self.eps)
+            gu = a @ wgu
+            h = h + (F.silu(gu[:, : self.I]) * gu[:, self.I :]) @ wd
+        return _rms_norm(h, self.final_w, self.eps).view(B, T, -1)
+
+
+def fast_backbone(model) -> FastLlama | None:
+    """A :class:`FastLlama` for a model it reproduces exactly, else ``None`` (callers use the HF forward)."""
+    cfg = getattr(model, "config", None)
+    if cfg is None or getattr(cfg, "model_type", None) != "llama":
+        return None
+    reasons = []
+    if getattr(cfg, "attention_bias", False) or getattr(cfg, "mlp_bias", False):
+        reasons.append("biases")
+    if getattr(cfg, "hidden_act", "silu") != "silu":
+        reasons.append(f"activation {cfg.hidden_act}")
+    if getattr(cfg, "pretraining_tp", 1) != 1:
+        reasons.append("pretraining_tp")
+    base = getattr(model, "base_model", None)
+    if base is None or not hasattr(base, "rotary_emb") or not hasattr(base, "layers"):
+        reasons.append("unexpected module layout")
+    if reasons:
+        log.info("fast forward not used (%s); using the transformers forward", ", ".join(reasons))
+        return None
+    return FastLlama(model)
