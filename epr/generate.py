@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 import torch
 
 __all__ = ["Generator"]
 
+log = logging.getLogger(__name__)
+
 
 class Generator:
     def __init__(self, model, tokenizer, max_new_tokens: int = 96, batch_size: int = 8, stop: str = "\n"):
         self.model, self.tok = model, tokenizer
         self.max_new_tokens, self.batch_size, self.stop = max_new_tokens, batch_size, stop
+        self._stop_in_vocab: bool | None = None  # found out on the first batch
 
     @torch.inference_mode()
     def generate(self, prompts: Sequence[str]) -> list[str]:
@@ -25,11 +29,27 @@ class Generator:
             for s in range(0, len(order), self.batch_size):
                 idx = order[s : s + self.batch_size]
                 enc = tok([prompts[i] for i in idx], return_tensors="pt", padding=True).to(self.model.device)
-                gen = self.model.generate(**enc, max_new_tokens=self.max_new_tokens, do_sample=False,
-                                          stop_strings=[self.stop], tokenizer=tok, pad_token_id=tok.pad_token_id)
+                # only ids and mask: BERT-style tokenizers add token_type_ids, which causal LMs reject
+                enc = {k: enc[k] for k in ("input_ids", "attention_mask")}
+                gen = self._generate(enc)
                 texts = tok.batch_decode(gen[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
                 for i, t in zip(idx, texts):
                     out[i] = t.split(self.stop, 1)[0].strip()
             return out
         finally:
             tok.padding_side = "right"
+
+    def _generate(self, enc: dict) -> torch.Tensor:
+        kw = dict(max_new_tokens=self.max_new_tokens, do_sample=False, pad_token_id=self.tok.pad_token_id)
+        if self._stop_in_vocab is not False:
+            try:
+                out = self.model.generate(**enc, **kw, stop_strings=[self.stop], tokenizer=self.tok)
+                self._stop_in_vocab = True
+                return out
+            except ValueError as e:  # a vocabulary without the stop string (BERT-style): cut after decoding
+                if "stop string" not in str(e).lower():
+                    raise
+                log.warning("stop string %r is not in the tokenizer's vocabulary: generating %d tokens and cutting",
+                            self.stop, self.max_new_tokens)
+                self._stop_in_vocab = False
+        return self.model.generate(**enc, **kw)

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
-from epr.artifacts import load_npy, read_jsonl, save_npy, write_jsonl
+from epr.artifacts import read_jsonl, write_jsonl
 from epr.prefix_scoring import score_shared_prefix
 from epr.scoring import LMScorer
 from epr.types import InputError
@@ -87,18 +87,9 @@ def answers_of(r: dict) -> list[str]:
 
 def quality_bias(scorer: LMScorer, icl: Sequence[tuple[int, str, str]], cache: Path | None = None) -> np.ndarray:
     """b = mean token log-prob of the answer given its question (no context), one per D_ICL pair; cached."""
-    if cache is not None and cache.exists():
-        b = load_npy(cache)
-        if len(b) == len(icl):
-            return b
-    ctx = [query_text(q) for _, q, _ in icl]
-    tgt = [f" {a}" for _, _, a in icl]
-    sums = scorer.score(ctx, tgt)
-    n = np.array([len(scorer.tok(t, add_special_tokens=False)["input_ids"]) for t in tgt])
-    b = (sums / n).astype(np.float32)
-    if cache is not None:
-        save_npy(cache, b)
-    return b
+    from epr.rerank import quality_bias as mean_logprob
+
+    return mean_logprob(scorer, [query_text(q) for _, q, _ in icl], [f" {a}" for _, _, a in icl], cache)
 
 
 def select_context(variant: str, qi: int, q_emb: np.ndarray, icl_emb: np.ndarray, icl_q: np.ndarray,

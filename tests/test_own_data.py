@@ -42,6 +42,28 @@ def test_own_csv_to_retrieve(tmp_path, minilm_dir):
     assert r2.retrieve("how do I reset my email", k=3).demos == res.demos
 
 
+def test_own_csv_compare_with_ragsys_rows(tmp_path, minilm_dir, tiny_lm_dir):
+    """The comparison stage on own data, fast: tiny random LM, every retriever kind, RAGSys rows with quality bias."""
+    import json
+
+    p = write_csv(tmp_path / "mine.csv", ROWS)
+    names = ["random", "bm25", "sbert", "epr", "epr+div", "epr+div+bias", "bm25-oracle"]
+    cfg = load_config([], [f"run_root={tmp_path}", "name=mine", "data.task=jsonl", f"data.path={p}",
+                           "data.input_field=question", "data.output_field=answer", "data.eval_size=4",
+                           "labels.source=bm25", "candidates.L=6", "labels.k_pos=2", "labels.k_neg=2",
+                           f"models.encoder={minilm_dir}", f"models.lm={tiny_lm_dir}", "train.batch_size=4",
+                           "train.epochs=1", "train.dev_size=2", "train.chunk_size=0", "generate.max_new_tokens=6",
+                           "retrieve.k=8", "retrieve.max_demos=3", f"retrieve.retrievers={','.join(names)}"])
+    ctx = Context(cfg)
+    assert pipeline.run(ctx, until="compare")[-1] == "compare"
+    res = json.loads((tmp_path / "mine" / "compare" / "results.json").read_text())
+    assert list(res) == names
+    assert res["bm25-oracle"]["oracle"] and not res["epr+div+bias"]["oracle"]
+    assert all(0 < v["mean_demos"] <= 3 for k, v in res.items())
+    q = list((tmp_path / "mine" / "compare").glob("quality_bias.*.npy"))
+    assert len(q) == 1  # computed once for the pool, for the +bias row
+
+
 def test_own_csv_missing_column_is_named(tmp_path, capsys, caplog):
     p = write_csv(tmp_path / "bad.csv", ROWS, header=("question", "reply"))
     rc = main(["run", "--until", "examples", "--set", f"run_root={tmp_path}", "--set", "data.task=jsonl",

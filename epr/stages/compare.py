@@ -1,6 +1,7 @@
 """Stage ``compare``: every retriever on the same eval examples, LM, and prompt budget; one table.
 
-For each retriever: retrieve k ids, (optionally) re-rank with RAGSys MMR (``<name>+div``), build prompts
+For each retriever: retrieve k ids, (optionally) re-rank with RAGSys (``<name>+div``: MMR diversity;
+``<name>+div+bias``: Algorithm 1 with the inference LM's quality bias, see ``epr.rerank``), build prompts
 within the budget, generate greedily (resumable by chunk), score with the task's metric. Writes
 ``results.{md,csv,json}``, ``em.png`` and ``per_query.jsonl`` (which demonstrations each retriever chose).
 """
@@ -18,22 +19,11 @@ from tqdm.auto import tqdm
 from epr.artifacts import read_jsonl, write_jsonl
 from epr.evaluation import PAPER, mean_ci
 from epr.prompts import build_prompt
+from epr.rerank import parse_retriever_name, pool_quality, rerank
 from epr.retrievers import ORACLES, DenseRetriever, make_retriever
 from epr.stages.context import Context
 
 log = logging.getLogger(__name__)
-
-
-def rerank_div(base: DenseRetriever, queries, ids: np.ndarray, k: int, lambda_d: float) -> np.ndarray:
-    """RAGSys MMR (lambda_b = 1: no quality bias) over the first stage's shortlist, with its own embeddings."""
-    from ragsys import mmr_select
-
-    q = base.query_embeddings(queries)
-    out = np.empty((len(queries), min(k, ids.shape[1])), dtype=np.int64)
-    for i in range(len(queries)):
-        sel = mmr_select(q[i], base.pool_emb[ids[i]], None, out.shape[1], lambda_d, 1.0)
-        out[i] = ids[i][sel]
-    return out
 
 
 def run_compare(ctx: Context, out: Path, fp: str) -> dict:
@@ -51,16 +41,20 @@ def run_compare(ctx: Context, out: Path, fp: str) -> dict:
     encoders: dict = {}
     built: dict = {}
     results, per_query = {}, [{"idx": e.idx, "input": e.input, "gold": e.output} for e in ev]
+    quality = None
     for name in rc.retrievers:
-        base_name, div = (name[:-4], True) if name.endswith("+div") else (name, False)
+        base_name, div, bias = parse_retriever_name(name)
         if base_name not in built:
             built[base_name] = make_retriever(base_name, pool, task, cfg, cfg.run_dir, encoders)
         r = built[base_name]
         ids = r.retrieve(ev, rc.k)
-        if div:
+        if div or bias:
             if not isinstance(r, DenseRetriever):
-                raise ValueError(f"{name}: diversity re-ranking needs a dense first stage")
-            ids = rerank_div(r, ev, ids, rc.max_demos, cfg.ragsys.lambda_d)
+                raise ValueError(f"{name}: RAGSys re-ranking needs a dense first stage (epr, sbert, dr-bm25)")
+            if bias and quality is None:
+                quality = pool_quality(model, tok, task, pool, cfg, out)
+            ids = rerank(r.query_embeddings(ev), r.pool_emb, ids, rc.max_demos,
+                         cfg.ragsys.lambda_d if div else 1.0, cfg.ragsys.lambda_b, quality if bias else None)
         prompts = [build_prompt(task, e, ids[i].tolist(), pool, count, rc.prompt_budget, rc.answer_reserve, rc.max_demos)
                    for i, e in enumerate(ev)]
         preds = _generate_resumable(gen, [p.text for p in prompts], out / "parts" / name, cfg.generate.chunk_size, name)
@@ -70,7 +64,7 @@ def run_compare(ctx: Context, out: Path, fp: str) -> dict:
         results[name] = {"em": m, "ci_low": lo, "ci_high": hi, "oracle": base_name in ORACLES,
                          "mean_demos": float(np.mean([len(p.demo_ids) for p in prompts])),
                          "mean_prompt_tokens": float(np.mean([p.n_tokens for p in prompts])), "prompt_status": stat,
-                         "paper": PAPER.get(task.name, {}).get(base_name) if not div else None}
+                         "paper": PAPER.get(task.name, {}).get(base_name) if not (div or bias) else None}
         log.info("%s: EM %.1f [%.1f, %.1f]", name, m, lo, hi)
         for row, p, y, c in zip(per_query, prompts, preds, correct):
             row[name] = {"demos": list(p.demo_ids), "demo_inputs": [pool[i].input for i in p.demo_ids[:3]],
