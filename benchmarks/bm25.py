@@ -39,8 +39,13 @@ def main() -> None:
         t = time.perf_counter()
         ids, _ = idx.search([outs[i] for i in q], a.L, exclude=q)
         t_search = time.perf_counter() - t
-        res[backend] = {"index_s": t_index, "queries": len(q), "search_s": t_search, "ms_per_query": 1000 * t_search / len(q),
-                        "ids": ids}
+        res[backend] = {
+            "index_s": t_index,
+            "queries": len(q),
+            "search_s": t_search,
+            "ms_per_query": 1000 * t_search / len(q),
+            "ids": ids,
+        }
     fast_sub = res["bm25s"]["ids"][sub]
     ref_ids = res["rank_bm25"]["ids"]
     exact = float((fast_sub == ref_ids).all(axis=1).mean())
@@ -48,20 +53,27 @@ def main() -> None:
     ratio = res["rank_bm25"]["ms_per_query"] / res["bm25s"]["ms_per_query"]
     for r in res.values():
         r.pop("ids")
-    raw = {"machine": machine(), "corpus": n, "L": a.L, "results": res, "speedup_per_query": ratio,
-           "identical_top_L_lists": exact, "top_L_set_overlap": overlap}
+    raw = {
+        "machine": machine(),
+        "corpus": n,
+        "L": a.L,
+        "results": res,
+        "speedup_per_query": ratio,
+        "identical_top_L_lists": exact,
+        "top_L_set_overlap": overlap,
+    }
     full_ref_min = res["rank_bm25"]["ms_per_query"] * n / 60000
     md = f"""# BM25 candidate mining: all {n} MTOP training outputs, L={a.L}
 
-Machine: {raw['machine']['cpu']}, {raw['machine']['date']}. Same tokenisation and formula (Okapi, k1=1.5, b=0.75, idf clipped at 0).
+Machine: {raw["machine"]["cpu"]}, {raw["machine"]["date"]}. Same tokenisation and formula (Okapi, k1=1.5, b=0.75, idf clipped at 0).
 
 | backend | index (s) | queries timed | ms / query | all {n} queries |
 |---|---|---|---|---|
-| rank-bm25 (reference) | {res['rank_bm25']['index_s']:.2f} | {res['rank_bm25']['queries']} (seeded subset) | {res['rank_bm25']['ms_per_query']:.2f} | ~{full_ref_min:.1f} min (extrapolated) |
-| bm25s | {res['bm25s']['index_s']:.2f} | {res['bm25s']['queries']} | {res['bm25s']['ms_per_query']:.3f} | {res['bm25s']['search_s']:.1f} s (measured) |
+| rank-bm25 (reference) | {res["rank_bm25"]["index_s"]:.2f} | {res["rank_bm25"]["queries"]} (seeded subset) | {res["rank_bm25"]["ms_per_query"]:.2f} | ~{full_ref_min:.1f} min (extrapolated) |
+| bm25s | {res["bm25s"]["index_s"]:.2f} | {res["bm25s"]["queries"]} | {res["bm25s"]["ms_per_query"]:.3f} | {res["bm25s"]["search_s"]:.1f} s (measured) |
 
 **Speed-up per query: {ratio:.0f}x.** On the {len(sub)} shared queries the top-{a.L} lists are identical (ids and order,
-ties by id) for {100*exact:.1f}% of queries; top-{a.L} set overlap {100*overlap:.2f}%.
+ties by id) for {100 * exact:.1f}% of queries; top-{a.L} set overlap {100 * overlap:.2f}%.
 """
     save("bm25", raw, md)
 

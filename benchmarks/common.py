@@ -22,8 +22,14 @@ def machine() -> dict:
         amx = "amx_bf16" in Path("/proc/cpuinfo").read_text()
     except OSError:
         amx = False
-    return {"cpu": cpu, "amx_bf16": amx, "threads": torch.get_num_threads(), "torch": torch.__version__,
-            "python": platform.python_version(), "date": time.strftime("%Y-%m-%d %H:%M")}
+    return {
+        "cpu": cpu,
+        "amx_bf16": amx,
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+    }
 
 
 def matmul_tflops(dtype: torch.dtype, n: int = 2048, reps: int = 5) -> float:

@@ -63,35 +63,49 @@ def main() -> None:
     from scipy.stats import spearmanr  # noqa: PLC0415
 
     rho = [spearmanr(ours[i : i + a.L], ref[i : i + a.L]).statistic for i in range(0, len(ref), a.L)]
-    top5 = [len(set(np.argsort(-ours[i:i + a.L])[:5]) & set(np.argsort(-ref[i:i + a.L])[:5])) / 5
-            for i in range(0, len(ref), a.L)]
+    top5 = [
+        len(set(np.argsort(-ours[i : i + a.L])[:5]) & set(np.argsort(-ref[i : i + a.L])[:5])) / 5
+        for i in range(0, len(ref), a.L)
+    ]
     raw = {
-        "machine": machine(), "sequences": len(pairs), "tokens": n_tok, "batch_tokens": a.batch_tokens,
-        "ref_seconds": t_ref, "ours_seconds": t_ours, "ref_tok_s": n_tok / t_ref, "ours_tok_s": n_tok / t_ours,
+        "machine": machine(),
+        "sequences": len(pairs),
+        "tokens": n_tok,
+        "batch_tokens": a.batch_tokens,
+        "ref_seconds": t_ref,
+        "ours_seconds": t_ours,
+        "ref_tok_s": n_tok / t_ref,
+        "ours_tok_s": n_tok / t_ours,
         "speedup": t_ref / t_ours,
-        "hf_forward_seconds": t_hf, "hf_forward_tok_s": n_tok / t_hf, "speedup_hf_forward": t_ref / t_hf,
-        "fast_vs_hf_max_abs_diff": float(np.abs(ours - ours_hf).max()), "matmul_tflops": peak, "flops_per_token": flops_per_tok,
+        "hf_forward_seconds": t_hf,
+        "hf_forward_tok_s": n_tok / t_hf,
+        "speedup_hf_forward": t_ref / t_hf,
+        "fast_vs_hf_max_abs_diff": float(np.abs(ours - ours_hf).max()),
+        "matmul_tflops": peak,
+        "flops_per_token": flops_per_tok,
         "ours_fraction_of_bf16_peak": n_tok / t_ours * flops_per_tok / (peak["bf16"] * 1e12),
         "ref_fraction_of_fp32_peak": n_tok / t_ref * flops_per_tok / (peak["fp32"] * 1e12),
-        "max_abs_diff": float(np.abs(ours - ref).max()), "mean_abs_diff": float(np.abs(ours - ref).mean()),
-        "spearman_per_query_mean": float(np.nanmean(rho)), "top5_overlap_mean": float(np.mean(top5)),
+        "max_abs_diff": float(np.abs(ours - ref).max()),
+        "mean_abs_diff": float(np.abs(ours - ref).mean()),
+        "spearman_per_query_mean": float(np.nanmean(rho)),
+        "top5_overlap_mean": float(np.mean(top5)),
     }
     md = f"""# Scoring throughput (SmolLM2-135M-Instruct, MTOP candidates)
 
-Machine: {raw['machine']['cpu']}, {raw['machine']['threads']} threads, torch {raw['machine']['torch']}, {raw['machine']['date']}.
+Machine: {raw["machine"]["cpu"]}, {raw["machine"]["threads"]} threads, torch {raw["machine"]["torch"]}, {raw["machine"]["date"]}.
 {len(pairs)} sequences ({a.queries} training examples x L={a.L} BM25 candidates), {n_tok} tokens.
 
 | method | seconds | tokens/s | fraction of measured matmul peak |
 |---|---|---|---|
-| reference: 1 sequence at a time, fp32, full logits | {t_ref:.1f} | {raw['ref_tok_s']:.0f} | {raw['ref_fraction_of_fp32_peak']:.2f} of fp32 ({peak['fp32']:.2f} TFLOP/s) |
-| ours, transformers forward: token-budget batches ({a.batch_tokens}), bf16, answer-only head | {t_hf:.1f} | {raw['hf_forward_tok_s']:.0f} | {raw['hf_forward_tok_s'] * flops_per_tok / (peak['bf16'] * 1e12):.2f} of bf16 |
-| ours (default): the same + lean fused forward (`epr.fastlm`) | {t_ours:.1f} | {raw['ours_tok_s']:.0f} | {raw['ours_fraction_of_bf16_peak']:.2f} of bf16 ({peak['bf16']:.2f} TFLOP/s) |
+| reference: 1 sequence at a time, fp32, full logits | {t_ref:.1f} | {raw["ref_tok_s"]:.0f} | {raw["ref_fraction_of_fp32_peak"]:.2f} of fp32 ({peak["fp32"]:.2f} TFLOP/s) |
+| ours, transformers forward: token-budget batches ({a.batch_tokens}), bf16, answer-only head | {t_hf:.1f} | {raw["hf_forward_tok_s"]:.0f} | {raw["hf_forward_tok_s"] * flops_per_tok / (peak["bf16"] * 1e12):.2f} of bf16 |
+| ours (default): the same + lean fused forward (`epr.fastlm`) | {t_ours:.1f} | {raw["ours_tok_s"]:.0f} | {raw["ours_fraction_of_bf16_peak"]:.2f} of bf16 ({peak["bf16"]:.2f} TFLOP/s) |
 
-**Speed-up: {raw['speedup']:.2f}x** ({raw['speedup_hf_forward']:.2f}x with the transformers forward; the two forwards
-differ by at most {raw['fast_vs_hf_max_abs_diff']:.3f} nats per sequence). Agreement (bf16 vs fp32): mean |diff| {raw['mean_abs_diff']:.3f} nats
-(max {raw['max_abs_diff']:.2f}), per-query Spearman of the candidate order {raw['spearman_per_query_mean']:.3f},
-top-5 (positive set) overlap {raw['top5_overlap_mean']:.2f}.
-FLOPs/token counted as 2 x non-embedding parameters ({flops_per_tok/1e6:.0f} MFLOP).
+**Speed-up: {raw["speedup"]:.2f}x** ({raw["speedup_hf_forward"]:.2f}x with the transformers forward; the two forwards
+differ by at most {raw["fast_vs_hf_max_abs_diff"]:.3f} nats per sequence). Agreement (bf16 vs fp32): mean |diff| {raw["mean_abs_diff"]:.3f} nats
+(max {raw["max_abs_diff"]:.2f}), per-query Spearman of the candidate order {raw["spearman_per_query_mean"]:.3f},
+top-5 (positive set) overlap {raw["top5_overlap_mean"]:.2f}.
+FLOPs/token counted as 2 x non-embedding parameters ({flops_per_tok / 1e6:.0f} MFLOP).
 """
     save("scoring", raw, md)
 

@@ -39,17 +39,28 @@ def one(batch: int, chunk: int, steps: int, data_dir: str) -> dict:
         ds = [task.format_demo(pool[i]).strip() for i in idx[batch:]]
         t = time.perf_counter()
         if chunk:
-            grad_cache_backward(lambda b: model(b, "query"), lambda b: model(b, "prompt"),
-                                [model.tokenize(qs[i:i + chunk]) for i in range(0, batch, chunk)],
-                                [model.tokenize(ds[i:i + 2 * chunk]) for i in range(0, 2 * batch, 2 * chunk)], contrastive_loss)
+            grad_cache_backward(
+                lambda b: model(b, "query"),
+                lambda b: model(b, "prompt"),
+                [model.tokenize(qs[i : i + chunk]) for i in range(0, batch, chunk)],
+                [model.tokenize(ds[i : i + 2 * chunk]) for i in range(0, 2 * batch, 2 * chunk)],
+                contrastive_loss,
+            )
         else:
-            contrastive_loss(model(model.tokenize(qs), "query"), model(model.tokenize(ds), "prompt")).backward()
+            contrastive_loss(
+                model(model.tokenize(qs), "query"), model(model.tokenize(ds), "prompt")
+            ).backward()
         opt.step()
         opt.zero_grad()
         if step:
             times.append(time.perf_counter() - t)
-    return {"batch": batch, "chunk": chunk, "sec_per_step": float(np.mean(times)), "instances_per_s": batch / float(np.mean(times)),
-            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    return {
+        "batch": batch,
+        "chunk": chunk,
+        "sec_per_step": float(np.mean(times)),
+        "instances_per_s": batch / float(np.mean(times)),
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
 
 
 def main() -> None:
@@ -64,17 +75,41 @@ def main() -> None:
         return
     rows = []
     for b, c in [(32, 0), (32, 16), (256, 0), (256, 16)]:
-        r = subprocess.run([sys.executable, "-m", "benchmarks.training", "--one", f"{b},{c}", "--steps", str(a.steps),
-                            "--data-dir", a.data_dir], capture_output=True, text=True, check=True)
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "benchmarks.training",
+                "--one",
+                f"{b},{c}",
+                "--steps",
+                str(a.steps),
+                "--data-dir",
+                a.data_dir,
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         rows.append(json.loads(r.stdout.strip().splitlines()[-1]))
     base = {r["batch"]: r for r in rows if r["chunk"] == 0}
-    md = [f"# Dual-encoder training: throughput and peak memory (MiniLM-L6, fp32, {machine()['cpu']}, {machine()['date']})", "",
-          f"One optimizer step = B queries + B positives + B hard negatives (2B-1 negatives per query). Mean of {a.steps} steps after a warm-up.", "",
-          "| effective batch B | GradCache chunk | s / step | instances / s | peak RSS (MB) | memory vs plain |", "|---|---|---|---|---|---|"]
+    md = [
+        f"# Dual-encoder training: throughput and peak memory (MiniLM-L6, fp32, {machine()['cpu']}, {machine()['date']})",
+        "",
+        f"One optimizer step = B queries + B positives + B hard negatives (2B-1 negatives per query). Mean of {a.steps} steps after a warm-up.",
+        "",
+        "| effective batch B | GradCache chunk | s / step | instances / s | peak RSS (MB) | memory vs plain |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in rows:
         ratio = r["peak_rss_mb"] / base[r["batch"]]["peak_rss_mb"]
-        md.append(f"| {r['batch']} | {r['chunk'] or 'off'} | {r['sec_per_step']:.2f} | {r['instances_per_s']:.1f} | {r['peak_rss_mb']:.0f} | {ratio:.2f} |")
-    md += ["", "Peak RSS includes the process baseline (Python, torch, the model, the data), so it understates the saving in activations."]
+        md.append(
+            f"| {r['batch']} | {r['chunk'] or 'off'} | {r['sec_per_step']:.2f} | {r['instances_per_s']:.1f} | {r['peak_rss_mb']:.0f} | {ratio:.2f} |"
+        )
+    md += [
+        "",
+        "Peak RSS includes the process baseline (Python, torch, the model, the data), so it understates the saving in activations.",
+    ]
     save("training", {"machine": machine(), "rows": rows}, "\n".join(md) + "\n")
 
 

@@ -62,24 +62,37 @@ def main() -> None:
     n_ans = sum(len(tok(x, add_special_tokens=False)["input_ids"]) for x in flat_tgt)
     n_scratch = sum(len(tok(c)["input_ids"]) for c in flat_ctx) + n_ans
     diff = np.abs(shared - scratch)
-    raw = {"machine": machine(), "questions": int(len(subset)), "answers": len(flat_tgt),
-           "prompt_tokens": n_prompt, "answer_tokens": n_ans, "tokens_forwarded_shared": n_prompt + n_ans + len(flat_tgt),
-           "tokens_forwarded_scratch": n_scratch, "seconds_shared": t_shared, "seconds_scratch": t_scratch,
-           "speedup": t_scratch / t_shared, "max_abs_diff": float(diff.max()), "mean_abs_diff": float(diff.mean()),
-           "full_817_estimate_s": {"shared": t_shared * 817 / len(subset), "scratch": t_scratch * 817 / len(subset)}}
+    raw = {
+        "machine": machine(),
+        "questions": int(len(subset)),
+        "answers": len(flat_tgt),
+        "prompt_tokens": n_prompt,
+        "answer_tokens": n_ans,
+        "tokens_forwarded_shared": n_prompt + n_ans + len(flat_tgt),
+        "tokens_forwarded_scratch": n_scratch,
+        "seconds_shared": t_shared,
+        "seconds_scratch": t_scratch,
+        "speedup": t_scratch / t_shared,
+        "max_abs_diff": float(diff.max()),
+        "mean_abs_diff": float(diff.mean()),
+        "full_817_estimate_s": {
+            "shared": t_shared * 817 / len(subset),
+            "scratch": t_scratch * 817 / len(subset),
+        },
+    }
     md = f"""# TruthfulQA evaluation: shared prefix vs from scratch (one variant, `rel`, k = 6)
 
-Machine: {raw['machine']['cpu']}, {raw['machine']['threads']} threads, torch {raw['machine']['torch']}, {raw['machine']['date']}.
+Machine: {raw["machine"]["cpu"]}, {raw["machine"]["threads"]} threads, torch {raw["machine"]["torch"]}, {raw["machine"]["date"]}.
 SmolLM2-135M-Instruct (bf16), {len(subset)} seeded questions (seed 0) of 817, {len(flat_tgt)} answers scored
 (every MC1/MC2 choice and every reference answer, once each), 6 demonstrations per prompt.
 
 | way | tokens through the LM | seconds | questions / s | 817 questions (extrapolated) |
 |---|---|---|---|---|
 | from scratch (batched scorer, every prompt + answer) | {n_scratch} | {t_scratch:.1f} | {len(subset) / t_scratch:.2f} | {t_scratch * 817 / len(subset) / 60:.1f} min |
-| shared prefix (prompt once, answers on its KV cache) | {raw['tokens_forwarded_shared']} | {t_shared:.1f} | {len(subset) / t_shared:.2f} | {t_shared * 817 / len(subset) / 60:.1f} min |
+| shared prefix (prompt once, answers on its KV cache) | {raw["tokens_forwarded_shared"]} | {t_shared:.1f} | {len(subset) / t_shared:.2f} | {t_shared * 817 / len(subset) / 60:.1f} min |
 
-**Speed-up: {raw['speedup']:.2f}x.** The two agree to {raw['max_abs_diff']:.3f} nats at most per answer (mean
-{raw['mean_abs_diff']:.4f}; bf16 rounding differs between the two batch shapes).
+**Speed-up: {raw["speedup"]:.2f}x.** The two agree to {raw["max_abs_diff"]:.3f} nats at most per answer (mean
+{raw["mean_abs_diff"]:.4f}; bf16 rounding differs between the two batch shapes).
 A whole variant needs this once per question; the empty-context scores (for DPO) once in all.
 """
     save("truthfulqa", raw, md)

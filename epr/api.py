@@ -1,10 +1,10 @@
 """Use a trained retriever from Python.
 
-    from epr.api import PromptRetriever
-    r = PromptRetriever.from_run("runs/mydata")
-    res = r.retrieve("turn on the kitchen lights", k=4)
-    print(res.prompt)          # demonstrations (best last, right before the query) + the query
-    for ex, score in zip(res.demos, res.scores): print(score, ex.input, "->", ex.output)
+from epr.api import PromptRetriever
+r = PromptRetriever.from_run("runs/mydata")
+res = r.retrieve("turn on the kitchen lights", k=4)
+print(res.prompt)          # demonstrations (best last, right before the query) + the query
+for ex, score in zip(res.demos, res.scores): print(score, ex.input, "->", ex.output)
 """
 
 from __future__ import annotations

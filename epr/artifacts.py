@@ -110,8 +110,15 @@ def fingerprint(obj: Any) -> str:
     return hashlib.sha256(_dumps(obj).encode()).hexdigest()[:16]
 
 
-def write_manifest(stage_dir: str | Path, *, stage: str, fp: str, config: Any, rows: dict[str, int],
-                   extra: dict[str, Any] | None = None) -> None:
+def write_manifest(
+    stage_dir: str | Path,
+    *,
+    stage: str,
+    fp: str,
+    config: Any,
+    rows: dict[str, int],
+    extra: dict[str, Any] | None = None,
+) -> None:
     """Write the stage's manifest last, atomically. Its presence (with a matching ``fingerprint``) marks the stage done."""
     from epr import __version__
 
@@ -124,7 +131,9 @@ def write_manifest(stage_dir: str | Path, *, stage: str, fp: str, config: Any, r
         "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         **(extra or {}),
     }
-    atomic_write_text(Path(stage_dir) / "manifest.json", json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    atomic_write_text(
+        Path(stage_dir) / "manifest.json", json.dumps(manifest, indent=2, sort_keys=True) + "\n"
+    )
 
 
 def read_manifest(stage_dir: str | Path) -> dict[str, Any] | None:

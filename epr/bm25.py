@@ -79,8 +79,9 @@ class BM25Index:
         # bm25s leaves out the constant (k1 + 1) numerator factor that rank-bm25 (and Robertson) include
         return np.asarray(self._bm.get_scores(ids), dtype=np.float32) * np.float32(K1 + 1)
 
-    def search(self, queries: Sequence[str], k: int, exclude: np.ndarray | None = None,
-               progress: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    def search(
+        self, queries: Sequence[str], k: int, exclude: np.ndarray | None = None, progress: bool = False
+    ) -> tuple[np.ndarray, np.ndarray]:
         if exclude is None:
             exclude = np.full(len(queries), -1, dtype=np.int64)
         k_eff = min(k, self.n - int((exclude >= 0).any()))

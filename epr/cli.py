@@ -20,23 +20,35 @@ __all__ = ["main", "build_parser", "context_from_args"]
 def build_parser() -> argparse.ArgumentParser:
     from epr.pipeline import STAGES
 
-    p = argparse.ArgumentParser(prog="epr", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="epr", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("-c", "--config", action="append", default=[], help="YAML config (repeatable, merged in order)")
-    common.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override, e.g. candidates.L=20")
+    common.add_argument(
+        "-c", "--config", action="append", default=[], help="YAML config (repeatable, merged in order)"
+    )
+    common.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="override, e.g. candidates.L=20"
+    )
     common.add_argument("--log-level", default="INFO")
     sub = p.add_subparsers(dest="cmd", required=True)
     sub.add_parser("status", parents=[common], help="show each stage as fresh, stale or missing")
     r = sub.add_parser("run", parents=[common], help="run every stale stage up to --until")
     r.add_argument("--until", default="labels", choices=sorted(STAGES))
-    r.add_argument("--force", action="append", default=[], choices=sorted(STAGES), help="rerun this stage even if fresh")
+    r.add_argument(
+        "--force", action="append", default=[], choices=sorted(STAGES), help="rerun this stage even if fresh"
+    )
     for name in STAGES:
         s = sub.add_parser(name, parents=[common], help=f"run the {name} stage (its upstream must be fresh)")
         s.add_argument("--force", action="store_true")
     i = sub.add_parser("inspect", parents=[common], help="show what each retriever picks for one query")
     i.add_argument("query")
     i.add_argument("-k", type=int, default=5)
-    sub.add_parser("demo", parents=[common], help="the whole pipeline on the packaged demo set, ending in a comparison table")
+    sub.add_parser(
+        "demo",
+        parents=[common],
+        help="the whole pipeline on the packaged demo set, ending in a comparison table",
+    )
     from epr import truthfulqa_cli
 
     truthfulqa_cli.add_parser(sub)
@@ -64,19 +76,24 @@ def run_demo(ctx) -> int:
     pipeline.run(ctx, until="compare")
     out = ctx.stage_dir("compare")
     sys.stdout.write("\n" + (out / "results.md").read_text() + "\n")
-    sys.stdout.write(f"Done in {time.time() - t0:.0f} s. Everything is under {ctx.cfg.run_dir}/:\n"
-                     f"  labels        {ctx.stage_dir('labels') / 'labels.jsonl'}\n"
-                     f"  encoder       {ctx.stage_dir('encoder') / 'model'} (training curve: training_curve.png)\n"
-                     f"  comparison    {out / 'results.md'}, results.csv, em.png, report.html\n"
-                     f"  per query     {out / 'per_query.jsonl'}\n"
-                     f"Next: epr inspect \"turn on the garage lights\"   (what each retriever picks)\n")
+    sys.stdout.write(
+        f"Done in {time.time() - t0:.0f} s. Everything is under {ctx.cfg.run_dir}/:\n"
+        f"  labels        {ctx.stage_dir('labels') / 'labels.jsonl'}\n"
+        f"  encoder       {ctx.stage_dir('encoder') / 'model'} (training curve: training_curve.png)\n"
+        f"  comparison    {out / 'results.md'}, results.csv, em.png, report.html\n"
+        f"  per query     {out / 'per_query.jsonl'}\n"
+        f'Next: epr inspect "turn on the garage lights"   (what each retriever picks)\n'
+    )
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                        datefmt="%H:%M:%S")
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+    )
     from epr import pipeline
     from epr.types import InputError
 
@@ -100,7 +117,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "run":
             ran = pipeline.run(ctx, args.until, tuple(args.force))
             if ctx.dist.is_main:
-                sys.stdout.write(f"ran: {', '.join(ran) or 'nothing (all fresh)'}; outputs in {ctx.cfg.run_dir}\n")
+                sys.stdout.write(
+                    f"ran: {', '.join(ran) or 'nothing (all fresh)'}; outputs in {ctx.cfg.run_dir}\n"
+                )
             return 0
         pipeline.run_stage(ctx, args.cmd, force=args.force)
         return 0

@@ -14,8 +14,18 @@ from typing import Any, get_type_hints
 import yaml
 
 __all__ = [
-    "ExperimentConfig", "DataConfig", "ModelsConfig", "CandidatesConfig", "ScoringConfig", "LabelsConfig",
-    "TrainConfig", "RetrieveConfig", "GenerateConfig", "RagsysConfig", "load_config", "config_from_dict",
+    "ExperimentConfig",
+    "DataConfig",
+    "ModelsConfig",
+    "CandidatesConfig",
+    "ScoringConfig",
+    "LabelsConfig",
+    "TrainConfig",
+    "RetrieveConfig",
+    "GenerateConfig",
+    "RagsysConfig",
+    "load_config",
+    "config_from_dict",
 ]
 
 
@@ -92,7 +102,9 @@ class RetrieveConfig:
     prompt_budget: int = 768  # inference-LM tokens for demos + query + reserved answer room
     answer_reserve: int = 96
     max_demos: int = 16
-    eval_limit: int | None = None  # compare on a seeded subset of the eval split (the examples stage keeps all)
+    eval_limit: int | None = (
+        None  # compare on a seeded subset of the eval split (the examples stage keeps all)
+    )
 
 
 @dataclass(frozen=True)
@@ -160,7 +172,11 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
             return None
         raise ValueError(f"config {where}: may not be null")
     for base in (bool, int, float, str):
-        if tp is base or (isinstance(tp, str) and tp.startswith(base.__name__)) or str(tp).startswith(base.__name__):
+        if (
+            tp is base
+            or (isinstance(tp, str) and tp.startswith(base.__name__))
+            or str(tp).startswith(base.__name__)
+        ):
             if base is bool and not isinstance(value, bool):
                 raise ValueError(f"config {where}: expected true/false, got {value!r}")
             if base is int and (isinstance(value, bool) or not isinstance(value, int)):
@@ -236,10 +252,15 @@ def _validate(cfg: ExperimentConfig) -> None:
     checks = [
         (cfg.candidates.L >= 1, "candidates.L must be >= 1"),
         (cfg.labels.k_pos >= 1 and cfg.labels.k_neg >= 1, "labels.k_pos and labels.k_neg must be >= 1"),
-        (cfg.labels.k_pos + cfg.labels.k_neg <= cfg.candidates.L,
-         f"labels.k_pos + labels.k_neg ({cfg.labels.k_pos}+{cfg.labels.k_neg}) must be <= candidates.L ({cfg.candidates.L})"),
+        (
+            cfg.labels.k_pos + cfg.labels.k_neg <= cfg.candidates.L,
+            f"labels.k_pos + labels.k_neg ({cfg.labels.k_pos}+{cfg.labels.k_neg}) must be <= candidates.L ({cfg.candidates.L})",
+        ),
         (cfg.scoring.batch_tokens >= 16, "scoring.batch_tokens must be >= 16"),
-        (cfg.scoring.forward in ("fast", "hf"), f"scoring.forward={cfg.scoring.forward!r} must be 'fast' or 'hf'"),
+        (
+            cfg.scoring.forward in ("fast", "hf"),
+            f"scoring.forward={cfg.scoring.forward!r} must be 'fast' or 'hf'",
+        ),
         (0.0 <= cfg.ragsys.lambda_d <= 1.0, f"ragsys.lambda_d={cfg.ragsys.lambda_d} must be in [0, 1]"),
         (0.0 <= cfg.ragsys.lambda_b <= 1.0, f"ragsys.lambda_b={cfg.ragsys.lambda_b} must be in [0, 1]"),
         (cfg.train.batch_size >= 2, "train.batch_size must be >= 2 (in-batch negatives)"),

@@ -33,7 +33,9 @@ class DualEncoder(nn.Module):
         self.max_length = max_length
 
     @classmethod
-    def from_pretrained(cls, name_or_dir: str, tie: bool = False, max_length: int = 64, cache: str | None = None) -> DualEncoder:
+    def from_pretrained(
+        cls, name_or_dir: str, tie: bool = False, max_length: int = 64, cache: str | None = None
+    ) -> DualEncoder:
         """From a base encoder (packaged name, hub id, folder) or from a saved dual encoder folder."""
         from transformers import AutoModel, AutoTokenizer
 
@@ -53,7 +55,11 @@ class DualEncoder(nn.Module):
         return cls(q, p, tok, max_length)
 
     def tokenize(self, texts: Sequence[str]) -> dict:
-        return dict(self.tok(list(texts), padding=True, truncation=True, max_length=self.max_length, return_tensors="pt"))
+        return dict(
+            self.tok(
+                list(texts), padding=True, truncation=True, max_length=self.max_length, return_tensors="pt"
+            )
+        )
 
     def _embed(self, model: nn.Module, batch: dict) -> torch.Tensor:
         dev = next(model.parameters()).device
@@ -71,7 +77,9 @@ class DualEncoder(nn.Module):
         return self.embed_queries(batch) if side == "query" else self.embed_prompts(batch)
 
     @torch.inference_mode()
-    def encode(self, texts: Sequence[str], side: str, batch_size: int = 128, progress: bool = False) -> np.ndarray:
+    def encode(
+        self, texts: Sequence[str], side: str, batch_size: int = 128, progress: bool = False
+    ) -> np.ndarray:
         """``(n, H) float32`` embeddings; texts are length-sorted into batches and returned in input order."""
         from tqdm.auto import tqdm
 

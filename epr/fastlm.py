@@ -63,14 +63,16 @@ class FastLlama(torch.nn.Module):
         with torch.no_grad():
             for layer in base.layers:
                 at, mlp = layer.self_attn, layer.mlp
-                self.layers.append((
-                    layer.input_layernorm.weight,
-                    torch.cat([at.q_proj.weight, at.k_proj.weight, at.v_proj.weight]).t().contiguous(),
-                    at.o_proj.weight.t().contiguous(),
-                    layer.post_attention_layernorm.weight,
-                    torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).t().contiguous(),
-                    mlp.down_proj.weight.t().contiguous(),
-                ))
+                self.layers.append(
+                    (
+                        layer.input_layernorm.weight,
+                        torch.cat([at.q_proj.weight, at.k_proj.weight, at.v_proj.weight]).t().contiguous(),
+                        at.o_proj.weight.t().contiguous(),
+                        layer.post_attention_layernorm.weight,
+                        torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).t().contiguous(),
+                        mlp.down_proj.weight.t().contiguous(),
+                    )
+                )
 
     @torch.inference_mode()
     def forward(self, ids: torch.Tensor) -> torch.Tensor:

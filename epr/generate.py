@@ -32,7 +32,7 @@ class Generator:
                 # only ids and mask: BERT-style tokenizers add token_type_ids, which causal LMs reject
                 enc = {k: enc[k] for k in ("input_ids", "attention_mask")}
                 gen = self._generate(enc)
-                texts = tok.batch_decode(gen[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+                texts = tok.batch_decode(gen[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
                 for i, t in zip(idx, texts):
                     out[i] = t.split(self.stop, 1)[0].strip()
             return out
@@ -49,7 +49,10 @@ class Generator:
             except ValueError as e:  # a vocabulary without the stop string (BERT-style): cut after decoding
                 if "stop string" not in str(e).lower():
                     raise
-                log.warning("stop string %r is not in the tokenizer's vocabulary: generating %d tokens and cutting",
-                            self.stop, self.max_new_tokens)
+                log.warning(
+                    "stop string %r is not in the tokenizer's vocabulary: generating %d tokens and cutting",
+                    self.stop,
+                    self.max_new_tokens,
+                )
                 self._stop_in_vocab = False
         return self.model.generate(**enc, **kw)

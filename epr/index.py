@@ -22,7 +22,9 @@ def build_index(emb: np.ndarray, factory: str = "Flat") -> faiss.Index:
     return index
 
 
-def search(index: faiss.Index, queries: np.ndarray, k: int, block: int = 4096) -> tuple[np.ndarray, np.ndarray]:
+def search(
+    index: faiss.Index, queries: np.ndarray, k: int, block: int = 4096
+) -> tuple[np.ndarray, np.ndarray]:
     """``(n_queries, k)`` ids (int64) and scores (float32), searched in blocks to bound memory."""
     q = np.ascontiguousarray(queries, dtype=np.float32)
     k = min(k, index.ntotal)

@@ -29,8 +29,15 @@ def inspect_query(ctx, query: str, k: int = 5, out=sys.stdout) -> dict:
         if (div or bias) and isinstance(r, DenseRetriever):
             if bias and quality is None:
                 quality = _quality(ctx)
-            ids = rerank(r.query_embeddings([q]), r.pool_emb, ids[None], k, cfg.ragsys.lambda_d if div else 1.0,
-                         cfg.ragsys.lambda_b, quality if bias else None)[0]
+            ids = rerank(
+                r.query_embeddings([q]),
+                r.pool_emb,
+                ids[None],
+                k,
+                cfg.ragsys.lambda_d if div else 1.0,
+                cfg.ragsys.lambda_b,
+                quality if bias else None,
+            )[0]
         ids = ids[:k].tolist()
         shown[name] = ids
         scores = None
@@ -45,12 +52,21 @@ def inspect_query(ctx, query: str, k: int = 5, out=sys.stdout) -> dict:
         if (div or bias) and base in shown:
             dropped = [i for i in shown[base] if i not in ids]
             added = [i for i in ids if i not in shown[base]]
-            what = " + ".join(x for x, on in ((f"diversity (lambda_d={cfg.ragsys.lambda_d})", div),
-                                                (f"quality bias (lambda_b={cfg.ragsys.lambda_b})", bias)) if on)
+            what = " + ".join(
+                x
+                for x, on in (
+                    (f"diversity (lambda_d={cfg.ragsys.lambda_d})", div),
+                    (f"quality bias (lambda_b={cfg.ragsys.lambda_b})", bias),
+                )
+                if on
+            )
             out.write(f"   {what} dropped {dropped} and added {added} vs {base}\n")
             if bias:
-                out.write("   quality (mean log p(output | input)): "
-                          + ", ".join(f"[{i}] {quality[i]:.2f}" for i in ids) + "\n")
+                out.write(
+                    "   quality (mean log p(output | input)): "
+                    + ", ".join(f"[{i}] {quality[i]:.2f}" for i in ids)
+                    + "\n"
+                )
             if added:
                 sims = r.pool_emb[ids] / np.linalg.norm(r.pool_emb[ids], axis=1, keepdims=True)
                 out.write(f"   mean pairwise cosine: {float((sims @ sims.T).mean()):.3f}\n")

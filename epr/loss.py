@@ -14,15 +14,18 @@ import torch.nn.functional as F
 __all__ = ["contrastive_loss", "gather_keep_local_grad", "grad_cache_backward"]
 
 
-def contrastive_loss(q: torch.Tensor, d: torch.Tensor, group_size: int = 2, temperature: float = 1.0,
-                     q_offset: int = 0) -> torch.Tensor:
+def contrastive_loss(
+    q: torch.Tensor, d: torch.Tensor, group_size: int = 2, temperature: float = 1.0, q_offset: int = 0
+) -> torch.Tensor:
     """Mean over queries of ``-log softmax(sim(q_i, d))[positive_i]`` with ``sim`` the inner product.
 
     q: ``(B, H)`` query embeddings; d: ``(G*B_total, H)`` demonstration embeddings, where the positive of
     query i is row ``group_size * (i + q_offset)`` (``q_offset`` places local queries in gathered docs).
     """
     if d.shape[0] < group_size * (q.shape[0] + q_offset):
-        raise ValueError(f"{d.shape[0]} docs cannot hold the positives of {q.shape[0]} queries at offset {q_offset}")
+        raise ValueError(
+            f"{d.shape[0]} docs cannot hold the positives of {q.shape[0]} queries at offset {q_offset}"
+        )
     scores = (q @ d.T) / temperature
     target = group_size * (torch.arange(q.shape[0], device=q.device) + q_offset)
     return F.cross_entropy(scores.float(), target)
@@ -58,8 +61,10 @@ class _RandState:
 
 
 def grad_cache_backward(
-    encode_q: Callable[[dict], torch.Tensor], encode_d: Callable[[dict], torch.Tensor],
-    q_chunks: Sequence[dict], d_chunks: Sequence[dict],
+    encode_q: Callable[[dict], torch.Tensor],
+    encode_d: Callable[[dict], torch.Tensor],
+    q_chunks: Sequence[dict],
+    d_chunks: Sequence[dict],
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
     backward: Callable[..., None] = lambda t, g: t.backward(gradient=g),
 ) -> torch.Tensor:

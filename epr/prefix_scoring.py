@@ -21,7 +21,9 @@ def score_shared_prefix(scorer: LMScorer, prefix: str, targets: Sequence[str]) -
     if any(not t for t in t_ids):
         raise ValueError("a target has no tokens")
     if len(p) + max(map(len, t_ids)) > scorer.max_length:
-        raise ValueError(f"prefix of {len(p)} tokens plus the longest target exceed the context of {scorer.max_length}")
+        raise ValueError(
+            f"prefix of {len(p)} tokens plus the longest target exceed the context of {scorer.max_length}"
+        )
     dev = scorer.device
     base = model.base_model
     cache = None
@@ -31,7 +33,9 @@ def score_shared_prefix(scorer: LMScorer, prefix: str, targets: Sequence[str]) -
     T = max(map(len, t_ids))
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
     ids = torch.full((len(targets), T + 1), pad, dtype=torch.long)
-    for i, t in enumerate(t_ids):  # row i: last prefix token, then the target, right-padded (causal: no mask needed)
+    for i, t in enumerate(
+        t_ids
+    ):  # row i: last prefix token, then the target, right-padded (causal: no mask needed)
         ids[i, : len(t) + 1] = torch.tensor([p[-1], *t])
     hidden = base(input_ids=ids.to(dev), past_key_values=cache, use_cache=False).last_hidden_state
     rows = torch.cat([torch.full((len(t),), i) for i, t in enumerate(t_ids)])

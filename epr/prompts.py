@@ -21,8 +21,16 @@ class Prompt:
     status: str = "ok"  # ok | no_demo_fits | query_too_long
 
 
-def build_prompt(task, query: Example, ranked: Sequence[int], pool: Sequence[Example],
-                 count: Callable[[str], int], budget: int, reserve: int, max_demos: int) -> Prompt:
+def build_prompt(
+    task,
+    query: Example,
+    ranked: Sequence[int],
+    pool: Sequence[Example],
+    count: Callable[[str], int],
+    budget: int,
+    reserve: int,
+    max_demos: int,
+) -> Prompt:
     """Largest L' with sum |e_i| + |x| + reserve <= budget. ``ranked`` is best first."""
     q = task.format_query(query.input)
     used = count(q) + reserve

@@ -35,7 +35,9 @@ def parse_retriever_name(name: str) -> tuple[str, bool, bool]:
     return base, div, bias
 
 
-def quality_bias(scorer, contexts: Sequence[str], targets: Sequence[str], cache: Path | None = None) -> np.ndarray:
+def quality_bias(
+    scorer, contexts: Sequence[str], targets: Sequence[str], cache: Path | None = None
+) -> np.ndarray:
     """``(n,) float32`` mean token log-prob of each target after its context (SPEC 3.2); cached at ``cache``.
 
     A cache whose length differs from ``n`` is recomputed (the pool changed)."""
@@ -60,12 +62,23 @@ def pool_quality(model, tok, task, pool, cfg, cache_dir: Path) -> np.ndarray:
     lm = (cfg.models.inference_lm or cfg.models.lm).replace("/", "_")
     scorer = LMScorer(model, tok, batch_tokens=cfg.scoring.batch_tokens, forward=cfg.scoring.forward)
     log.info("quality bias of %d pool demonstrations with %s", len(pool), lm)
-    return quality_bias(scorer, [task.format_query(e.input) for e in pool], [task.format_target(e.output) for e in pool],
-                        Path(cache_dir) / f"quality_bias.{lm}.npy")
+    return quality_bias(
+        scorer,
+        [task.format_query(e.input) for e in pool],
+        [task.format_target(e.output) for e in pool],
+        Path(cache_dir) / f"quality_bias.{lm}.npy",
+    )
 
 
-def rerank(query_emb: np.ndarray, pool_emb: np.ndarray, ids: np.ndarray, k: int, lambda_d: float,
-           lambda_b: float = 1.0, quality: np.ndarray | None = None) -> np.ndarray:
+def rerank(
+    query_emb: np.ndarray,
+    pool_emb: np.ndarray,
+    ids: np.ndarray,
+    k: int,
+    lambda_d: float,
+    lambda_b: float = 1.0,
+    quality: np.ndarray | None = None,
+) -> np.ndarray:
     """Algorithm 1 over each query's first-stage shortlist.
 
     query_emb ``(n_queries, d)``, pool_emb ``(n_pool, d)``, ids ``(n_queries, m)`` int64 shortlist (best first),
@@ -75,6 +88,8 @@ def rerank(query_emb: np.ndarray, pool_emb: np.ndarray, ids: np.ndarray, k: int,
     out = np.empty((len(ids), min(k, ids.shape[1])), dtype=np.int64)
     for i, row in enumerate(ids):
         q = None if quality is None else quality[row]
-        sel = mmr_select(query_emb[i], pool_emb[row], q, out.shape[1], lambda_d, lambda_b if q is not None else 1.0)
+        sel = mmr_select(
+            query_emb[i], pool_emb[row], q, out.shape[1], lambda_d, lambda_b if q is not None else 1.0
+        )
         out[i] = row[sel]
     return out

@@ -49,7 +49,9 @@ class RandomRetriever:
 
 
 class BM25Retriever:
-    def __init__(self, pool: Sequence[Example], view: str = "input", backend: str = "bm25s", oracle: bool = False):
+    def __init__(
+        self, pool: Sequence[Example], view: str = "input", backend: str = "bm25s", oracle: bool = False
+    ):
         self.view, self.is_oracle = view, oracle
         self.name = "bm25-oracle" if oracle else "bm25"
         self.index = BM25Index([e.output if view == "output" else e.input for e in pool], backend)
@@ -78,7 +80,9 @@ class DenseRetriever:
         return _drop_excluded(ids, exclude, k)
 
 
-def make_retriever(name: str, pool: Sequence[Example], task, cfg, run_dir, encoders: dict) -> DenseRetriever | BM25Retriever | RandomRetriever:
+def make_retriever(
+    name: str, pool: Sequence[Example], task, cfg, run_dir, encoders: dict
+) -> DenseRetriever | BM25Retriever | RandomRetriever:
     """Build a retriever by name. ``encoders`` caches loaded models between retrievers."""
     from epr.encoder import DualEncoder
     from epr.models import load_encoder
@@ -91,7 +95,10 @@ def make_retriever(name: str, pool: Sequence[Example], task, cfg, run_dir, encod
         return BM25Retriever(pool, "output", cfg.candidates.backend, oracle=True)
     if name == "sbert":
         st = encoders.setdefault("sbert", load_encoder(cfg.models.encoder, cfg.models.cache_dir))
-        enc = lambda texts: st.encode(list(texts), batch_size=128, normalize_embeddings=True, convert_to_numpy=True)  # noqa: E731
+
+        def enc(texts):
+            return st.encode(list(texts), batch_size=128, normalize_embeddings=True, convert_to_numpy=True)
+
         return DenseRetriever("sbert", enc([e.input for e in pool]), enc, cfg.retrieve.index_factory)
     if name in ("epr", "dr-bm25"):
         path = run_dir / "encoder" / "model"
@@ -99,5 +106,7 @@ def make_retriever(name: str, pool: Sequence[Example], task, cfg, run_dir, encod
             raise FileNotFoundError(f"retriever {name}: no trained encoder at {path}; run training first")
         de = encoders.setdefault(str(path), DualEncoder.from_pretrained(str(path)))
         pool_emb = de.encode([task.format_demo(e).strip() for e in pool], "prompt", progress=True)
-        return DenseRetriever(name, pool_emb, lambda texts: de.encode(list(texts), "query"), cfg.retrieve.index_factory)
+        return DenseRetriever(
+            name, pool_emb, lambda texts: de.encode(list(texts), "query"), cfg.retrieve.index_factory
+        )
     raise ValueError(f"unknown retriever {name!r}; known: random, bm25, sbert, epr, dr-bm25, bm25-oracle")

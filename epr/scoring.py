@@ -53,8 +53,15 @@ def make_batches(lengths: Sequence[int], batch_tokens: int) -> list[list[int]]:
 class LMScorer:
     """Score targets after contexts with a causal LM (any ``AutoModelForCausalLM``)."""
 
-    def __init__(self, model, tokenizer, batch_tokens: int = 4096, max_length: int | None = None,
-                 forward: str = "fast", compile: bool = False):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        batch_tokens: int = 4096,
+        max_length: int | None = None,
+        forward: str = "fast",
+        compile: bool = False,
+    ):
         if forward not in ("fast", "hf"):
             raise ValueError(f"forward must be 'fast' or 'hf', not {forward!r}")
         self.model = model
@@ -102,7 +109,8 @@ class LMScorer:
             i = long[0]
             raise SequenceTooLong(
                 f"{len(long)} sequence(s) exceed the model context of {self.max_length} tokens "
-                f"(first: pair {i}, {len(pairs[i][0])}+{len(pairs[i][1])} tokens)")
+                f"(first: pair {i}, {len(pairs[i][0])}+{len(pairs[i][1])} tokens)"
+            )
         items = [_Item(i, c + t, len(c)) for i, (c, t) in enumerate(pairs)]
         out = np.zeros(len(items), dtype=np.float64)
         for batch in make_batches([len(it.ids) for it in items], self.batch_tokens):
@@ -123,7 +131,7 @@ class LMScorer:
             p = torch.arange(it.n_ctx - 1, L - 1)
             rows.append(torch.full_like(p, b))
             cols.append(p)
-            labels.append(torch.tensor(it.ids[it.n_ctx:]))
+            labels.append(torch.tensor(it.ids[it.n_ctx :]))
             seg.append(torch.full_like(p, b))
         rows_t, cols_t = torch.cat(rows), torch.cat(cols)
         # Right padding under a causal mask: real tokens never attend to the pads that follow them, so no

@@ -31,8 +31,10 @@ def read_labels(rows: Sequence[dict], n_pool: int, where: str = "labels.jsonl") 
     for i, r in enumerate(rows, start=1):
         pos, neg = tuple(r.get("pos") or ()), tuple(r.get("neg") or ())
         if not pos or not neg:
-            raise InputError(f"{where}:{i}: query {r.get('qid')} has {len(pos)} positives and {len(neg)} negatives; "
-                             "each instance needs at least one of both")
+            raise InputError(
+                f"{where}:{i}: query {r.get('qid')} has {len(pos)} positives and {len(neg)} negatives; "
+                "each instance needs at least one of both"
+            )
         bad = [x for x in (r["qid"], *pos, *neg) if not 0 <= int(x) < n_pool]
         if bad:
             raise InputError(f"{where}:{i}: ids {bad} are not in the pool of {n_pool} examples")
@@ -54,8 +56,13 @@ def sample_pair(row: LabelRow, seed: int, epoch: int) -> tuple[int, int]:
     return row.pos[rng.integers(len(row.pos))], row.neg[rng.integers(len(row.neg))]
 
 
-def recall_mrr(q: np.ndarray, cand_emb: Sequence[np.ndarray], cand_ids: Sequence[Sequence[int]],
-               positives: Sequence[Sequence[int]], k: int) -> tuple[float, float]:
+def recall_mrr(
+    q: np.ndarray,
+    cand_emb: Sequence[np.ndarray],
+    cand_ids: Sequence[Sequence[int]],
+    positives: Sequence[Sequence[int]],
+    k: int,
+) -> tuple[float, float]:
     """Rank each query's candidates by inner product; recall@k of its LM positives and MRR of the first one."""
     rec, rr = [], []
     for qi, emb, ids, pos in zip(q, cand_emb, cand_ids, positives):

@@ -50,5 +50,10 @@ def dpo_triplet(lp_a_ctx: float, lp_a: float, lp_b_ctx: float, lp_b: float) -> f
 
 def question_metrics(mc1_lp, mc1_labels, mc2_lp, mc2_labels) -> dict[str, float]:
     frac, mass = mc_fraction_beating(mc2_lp, mc2_labels), mc_mass(mc2_lp, mc2_labels)
-    return {"mc1": mc1(mc1_lp, mc1_labels), "paper_mc2": frac, "paper_mc3": mass,
-            "official_mc2": mass, "official_mc3": frac}
+    return {
+        "mc1": mc1(mc1_lp, mc1_labels),
+        "paper_mc2": frac,
+        "paper_mc3": mass,
+        "official_mc2": mass,
+        "official_mc3": frac,
+    }

@@ -32,8 +32,14 @@ def _check(k: int, n: int, lambda_d: float, lambda_b: float) -> None:
         raise ValueError(f"k={k} is larger than the candidate pool ({n})")
 
 
-def mmr_select(query: np.ndarray, emb: np.ndarray, quality: np.ndarray | None, k: int,
-               lambda_d: float = 0.75, lambda_b: float = 0.95) -> np.ndarray:
+def mmr_select(
+    query: np.ndarray,
+    emb: np.ndarray,
+    quality: np.ndarray | None,
+    k: int,
+    lambda_d: float = 0.75,
+    lambda_b: float = 0.95,
+) -> np.ndarray:
     """Pick ``k`` of ``n`` demonstrations, returned in selection order as ``(k,) int64`` row indices.
 
     query: ``(H,)``; emb: ``(n, H)`` demonstration (question) embeddings, both normalised here;
@@ -91,10 +97,19 @@ def mmr_select_reference(query, emb, quality, k, lambda_d=0.75, lambda_b=0.95) -
     return C
 
 
-def select_variant(variant: str, query: np.ndarray, emb: np.ndarray, quality: np.ndarray | None, k: int,
-                   lambda_d: float = 0.75, lambda_b: float = 0.95) -> np.ndarray:
+def select_variant(
+    variant: str,
+    query: np.ndarray,
+    emb: np.ndarray,
+    quality: np.ndarray | None,
+    k: int,
+    lambda_d: float = 0.75,
+    lambda_b: float = 0.95,
+) -> np.ndarray:
     """Run one of the paper's variants by name (``bias``, ``rel``, ``rel+bias``, ``rel+div``, ``rel+div+bias``)."""
     if variant not in VARIANTS:
-        raise ValueError(f"variant {variant!r}: choose from {sorted(VARIANTS)} (or 'fix', which needs no re-ranker)")
+        raise ValueError(
+            f"variant {variant!r}: choose from {sorted(VARIANTS)} (or 'fix', which needs no re-ranker)"
+        )
     d, b = VARIANTS[variant]
     return mmr_select(query, emb, quality, k, lambda_d if d is None else d, lambda_b if b is None else b)

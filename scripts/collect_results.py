@@ -1,6 +1,6 @@
 """Copy finished run outputs into the committed ``results/`` folder and fill ``docs/RESULTS.md``.
 
-    python scripts/collect_results.py
+python scripts/collect_results.py
 """
 
 from __future__ import annotations
@@ -19,7 +19,9 @@ def main() -> None:
     if (cmp_dir / "results.md").exists():
         for f in ("results.md", "results.csv", "results.json", "em.png", "report.html", "per_query.jsonl"):
             shutil.copy(cmp_dir / f, res / "mtop" / f)
-        text = text.replace("COMPARE_PLACEHOLDER", (cmp_dir / "results.md").read_text().split("\n", 2)[2] + COMPARE_NOTE)
+        text = text.replace(
+            "COMPARE_PLACEHOLDER", (cmp_dir / "results.md").read_text().split("\n", 2)[2] + COMPARE_NOTE
+        )
     tqa = ROOT / "runs" / "truthfulqa-smollm2"
     if (tqa / "results.md").exists():
         for f in ("results.md", "results.json", "sweep.md", "sweep.json", "sweep.png"):
@@ -27,17 +29,32 @@ def main() -> None:
                 shutil.copy(tqa / f, res / "truthfulqa" / f)
         body = (tqa / "results.md").read_text()
         if (tqa / "sweep.md").exists():
-            body += "\n" + (tqa / "sweep.md").read_text().replace("# ", "### ") + "\n![sweep](../results/truthfulqa/sweep.png)\n"
+            body += (
+                "\n"
+                + (tqa / "sweep.md").read_text().replace("# ", "### ")
+                + "\n![sweep](../results/truthfulqa/sweep.png)\n"
+            )
         text = text.replace("TQA_PLACEHOLDER", body.replace("# TruthfulQA", "### TruthfulQA") + TQA_NOTE)
     b = ROOT / "benchmarks" / "results"
     if (b / "scoring.md").exists():
         text = text.replace("SCORING_PLACEHOLDER", (b / "scoring.md").read_text().split("\n", 2)[2])
     if (b / "training.md").exists():
-        text = text.replace("TRAINING_BENCH_PLACEHOLDER", "Training benchmark (`python -m benchmarks.training`):\n\n"
-                            + (b / "training.md").read_text().split("\n", 2)[2])
+        text = text.replace(
+            "TRAINING_BENCH_PLACEHOLDER",
+            "Training benchmark (`python -m benchmarks.training`):\n\n"
+            + (b / "training.md").read_text().split("\n", 2)[2],
+        )
     docs.write_text(text)
-    print(json.dumps({"compare": (cmp_dir / "results.md").exists(), "tqa": (tqa / "results.md").exists(),
-                      "scoring": (b / "scoring.md").exists(), "training": (b / "training.md").exists()}))
+    print(
+        json.dumps(
+            {
+                "compare": (cmp_dir / "results.md").exists(),
+                "tqa": (tqa / "results.md").exists(),
+                "scoring": (b / "scoring.md").exists(),
+                "training": (b / "training.md").exists(),
+            }
+        )
+    )
 
 
 COMPARE_NOTE = """

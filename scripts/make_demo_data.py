@@ -18,7 +18,14 @@ ARTISTS = ["Miles Davis", "Adele", "Bach", "Daft Punk", "Nina Simone", "Queen", 
 GENRES = ["jazz", "rock", "classical music", "reggae", "hip hop", "lo-fi"]
 PEOPLE = ["Alice", "Bob", "Mom", "Dad", "Priya", "Kenji", "Olu", "Sara"]
 ITEMS = ["milk", "eggs", "batteries", "coffee", "dish soap", "bread", "apples", "rice"]
-TASKS = ["take out the trash", "water the plants", "call the dentist", "pay rent", "feed the cat", "pick up the kids"]
+TASKS = [
+    "take out the trash",
+    "water the plants",
+    "call the dentist",
+    "pay rent",
+    "feed the cat",
+    "pick up the kids",
+]
 TEMPS = ["68", "70", "72", "65", "75", "20"]
 
 
@@ -30,10 +37,14 @@ def make(rng: random.Random) -> tuple[str, str]:
     kind = rng.randrange(10)
     r, t, d, c = rng.choice(ROOMS), rng.choice(TIMES), rng.choice(DAYS), rng.choice(CITIES)
     if kind == 0:
-        x = rng.choice([f"turn on the {r} lights", f"switch on the lights in the {r}", f"lights on in the {r} please"])
+        x = rng.choice(
+            [f"turn on the {r} lights", f"switch on the lights in the {r}", f"lights on in the {r} please"]
+        )
         return x, f"[IN:TURN_ON_LIGHT {s('LOCATION', r)} ]"
     if kind == 1:
-        x = rng.choice([f"turn off the {r} lights", f"kill the lights in the {r}", f"switch the {r} lights off"])
+        x = rng.choice(
+            [f"turn off the {r} lights", f"kill the lights in the {r}", f"switch the {r} lights off"]
+        )
         return x, f"[IN:TURN_OFF_LIGHT {s('LOCATION', r)} ]"
     if kind == 2:
         x = rng.choice([f"set an alarm for {t}", f"wake me up at {t}", f"alarm at {t} please"])
@@ -55,16 +66,27 @@ def make(rng: random.Random) -> tuple[str, str]:
         x = rng.choice([f"call {p}", f"phone {p} now", f"give {p} a ring"])
         return x, f"[IN:CREATE_CALL {s('CONTACT', p)} ]"
     if kind == 6:
-        p, msg = rng.choice(PEOPLE), rng.choice(["I'm running late", "dinner is ready", "see you soon", "call me back"])
+        p, msg = (
+            rng.choice(PEOPLE),
+            rng.choice(["I'm running late", "dinner is ready", "see you soon", "call me back"]),
+        )
         x = rng.choice([f"text {p} that {msg}", f"send a message to {p} saying {msg}", f"tell {p} {msg}"])
         return x, f"[IN:SEND_MESSAGE {s('RECIPIENT', p)} {s('CONTENT_EXACT', msg)} ]"
     if kind == 7:
         task = rng.choice(TASKS)
-        x = rng.choice([f"remind me to {task} {d}", f"set a reminder {d} to {task}", f"don't let me forget to {task} {d}"])
+        x = rng.choice(
+            [
+                f"remind me to {task} {d}",
+                f"set a reminder {d} to {task}",
+                f"don't let me forget to {task} {d}",
+            ]
+        )
         return x, f"[IN:CREATE_REMINDER {s('TODO', task)} {s('DATE_TIME', d)} ]"
     if kind == 8:
         v = rng.choice(TEMPS)
-        x = rng.choice([f"set the {r} to {v} degrees", f"make it {v} degrees in the {r}", f"{r} thermostat to {v}"])
+        x = rng.choice(
+            [f"set the {r} to {v} degrees", f"make it {v} degrees in the {r}", f"{r} thermostat to {v}"]
+        )
         return x, f"[IN:SET_TEMPERATURE {s('LOCATION', r)} {s('TEMPERATURE', v)} ]"
     item = rng.choice(ITEMS)
     x = rng.choice([f"add {item} to my shopping list", f"put {item} on the grocery list", f"we need {item}"])

@@ -29,9 +29,18 @@ def tiny_lm_dir(tmp_path_factory, minilm_dir) -> str:
 
     tok = AutoTokenizer.from_pretrained(minilm_dir)
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                      bos_token_id=tok.cls_token_id, eos_token_id=tok.sep_token_id, pad_token_id=tok.pad_token_id)
+    cfg = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        bos_token_id=tok.cls_token_id,
+        eos_token_id=tok.sep_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
     model = LlamaForCausalLM(cfg)
     out = tmp_path_factory.mktemp("tiny_lm")
     model.save_pretrained(out)
@@ -60,8 +69,11 @@ def tiny_task_files(tmp_path) -> Path:
     """24 pool + 6 eval rows of a toy parser in the demo task's layout."""
     verbs = ["turn on", "turn off", "dim", "check"]
     rooms = ["kitchen", "garage", "office", "attic", "porch", "den"]
-    rows = [{"input": f"{v} the {r} lights", "output": f"[IN:{v.upper().replace(' ', '_')} [SL:ROOM {r} ] ]"}
-            for v in verbs for r in rooms]
+    rows = [
+        {"input": f"{v} the {r} lights", "output": f"[IN:{v.upper().replace(' ', '_')} [SL:ROOM {r} ] ]"}
+        for v in verbs
+        for r in rooms
+    ]
     write_rows(tmp_path / "demo.pool.jsonl", rows[:24])
     write_rows(tmp_path / "demo.eval.jsonl", rows[24:])
     return tmp_path

@@ -16,7 +16,13 @@ CORPUS = [
 
 
 def test_tokenize_splits_identifiers():
-    assert tokenize("[IN:GET_WEATHER [SL:LOCATION Paris ] ]") == ["in", "get_weather", "sl", "location", "paris"]
+    assert tokenize("[IN:GET_WEATHER [SL:LOCATION Paris ] ]") == [
+        "in",
+        "get_weather",
+        "sl",
+        "location",
+        "paris",
+    ]
 
 
 @pytest.mark.parametrize("query", CORPUS[:7] + ["alice alice weather", "no such words"])

@@ -14,8 +14,16 @@ def _llama(**kw):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    cfg = dict(vocab_size=101, hidden_size=48, intermediate_size=80, num_hidden_layers=3, num_attention_heads=6,
-               num_key_value_heads=2, max_position_embeddings=64, rope_theta=1000.0)
+    cfg = dict(
+        vocab_size=101,
+        hidden_size=48,
+        intermediate_size=80,
+        num_hidden_layers=3,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        rope_theta=1000.0,
+    )
     cfg.update(kw)
     return LlamaForCausalLM(LlamaConfig(**cfg)).eval()
 

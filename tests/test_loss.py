@@ -12,10 +12,13 @@ def test_two_by_two_hand_computed():
     d = torch.tensor([[2.0, 0.0], [0.0, 1.0], [0.5, 3.0], [1.0, 1.0]])
     s0 = [2.0, 0.0, 0.5, 1.0]  # q0 . d
     s1 = [0.0, 1.0, 3.0, 1.0]  # q1 . d
-    expect = (-(s0[0] - math.log(sum(math.exp(x) for x in s0))) - (s1[2] - math.log(sum(math.exp(x) for x in s1)))) / 2
+    expect = (
+        -(s0[0] - math.log(sum(math.exp(x) for x in s0))) - (s1[2] - math.log(sum(math.exp(x) for x in s1)))
+    ) / 2
     assert contrastive_loss(q, d).item() == pytest.approx(expect, rel=1e-6)
     assert contrastive_loss(q, d, temperature=0.5).item() == pytest.approx(
-        contrastive_loss(q * 2, d).item(), rel=1e-6)
+        contrastive_loss(q * 2, d).item(), rel=1e-6
+    )
 
 
 def test_offset_places_local_queries_in_gathered_docs():
@@ -44,9 +47,13 @@ def test_grad_cache_equals_plain_loss():
     for p in [*enc_q.parameters(), *enc_d.parameters()]:
         p.grad = None
     torch.set_rng_state(rng)  # same dropout masks as the plain pass (query chunks first, then docs)
-    cached = grad_cache_backward(lambda b: enc_q(b["x"]), lambda b: enc_d(b["x"]),
-                                 [{"x": xq[i:i + 3]} for i in range(0, 8, 3)], [{"x": xd[i:i + 5]} for i in range(0, 16, 5)],
-                                 contrastive_loss)
+    cached = grad_cache_backward(
+        lambda b: enc_q(b["x"]),
+        lambda b: enc_d(b["x"]),
+        [{"x": xq[i : i + 3]} for i in range(0, 8, 3)],
+        [{"x": xd[i : i + 5]} for i in range(0, 16, 5)],
+        contrastive_loss,
+    )
     assert cached.item() == pytest.approx(plain.item(), rel=1e-5)
     for a, b in zip(g_plain, grads()):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)

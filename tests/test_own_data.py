@@ -19,24 +19,45 @@ def write_csv(path, rows, header=("question", "answer")):
     return path
 
 
-ROWS = [(f"how do I {v} my {o}", f"{v.upper()}({o})") for v in ("reset", "change", "delete", "export")
-        for o in ("password", "email", "account", "photos", "contacts")]
+ROWS = [
+    (f"how do I {v} my {o}", f"{v.upper()}({o})")
+    for v in ("reset", "change", "delete", "export")
+    for o in ("password", "email", "account", "photos", "contacts")
+]
 
 
 def test_own_csv_to_retrieve(tmp_path, minilm_dir):
     p = write_csv(tmp_path / "mine.csv", ROWS)
-    cfg = load_config([], [f"run_root={tmp_path}", "name=mine", "data.task=jsonl", f"data.path={p}",
-                           "data.input_field=question", "data.output_field=answer", "data.eval_size=4",
-                           "labels.source=bm25", "candidates.L=6", "labels.k_pos=2", "labels.k_neg=2",
-                           f"models.encoder={minilm_dir}", "train.batch_size=4", "train.epochs=1", "train.dev_size=2",
-                           "train.chunk_size=0"])
+    cfg = load_config(
+        [],
+        [
+            f"run_root={tmp_path}",
+            "name=mine",
+            "data.task=jsonl",
+            f"data.path={p}",
+            "data.input_field=question",
+            "data.output_field=answer",
+            "data.eval_size=4",
+            "labels.source=bm25",
+            "candidates.L=6",
+            "labels.k_pos=2",
+            "labels.k_neg=2",
+            f"models.encoder={minilm_dir}",
+            "train.batch_size=4",
+            "train.epochs=1",
+            "train.dev_size=2",
+            "train.chunk_size=0",
+        ],
+    )
     ctx = Context(cfg)
     assert pipeline.run(ctx, until="encoder")[-1] == "encoder"
     r = PromptRetriever.from_run(tmp_path / "mine")
     res = r.retrieve("how do I reset my email", k=3)
     assert len(res.demos) == 3 and res.scores == sorted(res.scores, reverse=True)
     assert res.prompt.endswith("how do I reset my email\t")
-    assert res.prompt.index(res.demos[0].input) > res.prompt.index(res.demos[2].input)  # best right before the query
+    assert res.prompt.index(res.demos[0].input) > res.prompt.index(
+        res.demos[2].input
+    )  # best right before the query
     assert (tmp_path / "mine" / "encoder").glob("pool.*.faiss")
     r2 = PromptRetriever.from_run(tmp_path / "mine")  # cached index
     assert r2.retrieve("how do I reset my email", k=3).demos == res.demos
@@ -48,12 +69,32 @@ def test_own_csv_compare_with_ragsys_rows(tmp_path, minilm_dir, tiny_lm_dir):
 
     p = write_csv(tmp_path / "mine.csv", ROWS)
     names = ["random", "bm25", "sbert", "epr", "epr+div", "epr+div+bias", "bm25-oracle"]
-    cfg = load_config([], [f"run_root={tmp_path}", "name=mine", "data.task=jsonl", f"data.path={p}",
-                           "data.input_field=question", "data.output_field=answer", "data.eval_size=4",
-                           "labels.source=bm25", "candidates.L=6", "labels.k_pos=2", "labels.k_neg=2",
-                           f"models.encoder={minilm_dir}", f"models.lm={tiny_lm_dir}", "train.batch_size=4",
-                           "train.epochs=1", "train.dev_size=2", "train.chunk_size=0", "generate.max_new_tokens=6",
-                           "retrieve.k=8", "retrieve.max_demos=3", f"retrieve.retrievers={','.join(names)}"])
+    cfg = load_config(
+        [],
+        [
+            f"run_root={tmp_path}",
+            "name=mine",
+            "data.task=jsonl",
+            f"data.path={p}",
+            "data.input_field=question",
+            "data.output_field=answer",
+            "data.eval_size=4",
+            "labels.source=bm25",
+            "candidates.L=6",
+            "labels.k_pos=2",
+            "labels.k_neg=2",
+            f"models.encoder={minilm_dir}",
+            f"models.lm={tiny_lm_dir}",
+            "train.batch_size=4",
+            "train.epochs=1",
+            "train.dev_size=2",
+            "train.chunk_size=0",
+            "generate.max_new_tokens=6",
+            "retrieve.k=8",
+            "retrieve.max_demos=3",
+            f"retrieve.retrievers={','.join(names)}",
+        ],
+    )
     ctx = Context(cfg)
     assert pipeline.run(ctx, until="compare")[-1] == "compare"
     res = json.loads((tmp_path / "mine" / "compare" / "results.json").read_text())
@@ -66,8 +107,23 @@ def test_own_csv_compare_with_ragsys_rows(tmp_path, minilm_dir, tiny_lm_dir):
 
 def test_own_csv_missing_column_is_named(tmp_path, capsys, caplog):
     p = write_csv(tmp_path / "bad.csv", ROWS, header=("question", "reply"))
-    rc = main(["run", "--until", "examples", "--set", f"run_root={tmp_path}", "--set", "data.task=jsonl",
-               "--set", f"data.path={p}", "--set", "data.input_field=question", "--set", "data.output_field=answer"])
+    rc = main(
+        [
+            "run",
+            "--until",
+            "examples",
+            "--set",
+            f"run_root={tmp_path}",
+            "--set",
+            "data.task=jsonl",
+            "--set",
+            f"data.path={p}",
+            "--set",
+            "data.input_field=question",
+            "--set",
+            "data.output_field=answer",
+        ]
+    )
     assert rc == 2
     assert "bad.csv: missing column(s) ['answer']; columns are ['question', 'reply']" in caplog.text
 
@@ -75,9 +131,21 @@ def test_own_csv_missing_column_is_named(tmp_path, capsys, caplog):
 @pytest.mark.slow
 def test_demo_end_to_end(tmp_path, capsys):
     """The README's main command, on the real packaged models (a few minutes on 2 cores)."""
-    rc = main(["demo", "--set", f"run_root={tmp_path}", "--set", "candidates.num_queries=40",
-               "--set", "train.epochs=1", "--set", "data.eval_limit=16",
-               "--set", "retrieve.retrievers=random,bm25,epr,epr+div"])
+    rc = main(
+        [
+            "demo",
+            "--set",
+            f"run_root={tmp_path}",
+            "--set",
+            "candidates.num_queries=40",
+            "--set",
+            "train.epochs=1",
+            "--set",
+            "data.eval_limit=16",
+            "--set",
+            "retrieve.retrievers=random,bm25,epr,epr+div",
+        ]
+    )
     assert rc == 0
     out = capsys.readouterr().out
     assert "| retriever | EM (ours)" in out and "epr+div" in out

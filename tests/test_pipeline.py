@@ -9,9 +9,22 @@ from epr.stages.context import Context
 
 
 def make_ctx(tmp_path, data_dir, lm_dir, *overrides):
-    cfg = load_config([], [f"run_root={tmp_path / 'runs'}", "name=t", f"data.data_dir={data_dir}",
-                           f"models.lm={lm_dir}", "models.dtype=fp32", "candidates.L=6", "labels.k_pos=2",
-                           "labels.k_neg=2", "scoring.chunk_size=4", "scoring.batch_tokens=256", *overrides])
+    cfg = load_config(
+        [],
+        [
+            f"run_root={tmp_path / 'runs'}",
+            "name=t",
+            f"data.data_dir={data_dir}",
+            f"models.lm={lm_dir}",
+            "models.dtype=fp32",
+            "candidates.L=6",
+            "labels.k_pos=2",
+            "labels.k_neg=2",
+            "scoring.chunk_size=4",
+            "scoring.batch_tokens=256",
+            *overrides,
+        ],
+    )
     return Context(cfg)
 
 
@@ -57,7 +70,11 @@ def test_killed_scoring_resumes_identically(tmp_path, tiny_task_files, tiny_lm_d
     assert len(list((ctx.stage_dir("scores") / "parts").glob("chunk-*.jsonl"))) == 2
 
     calls["n"] = -100  # the resumed run must only score the 4 missing chunks
-    monkeypatch.setattr(scores_stage, "score_chunk", lambda *a, **k: (calls.__setitem__("n", calls["n"] + 1), real(*a, **k))[1])
+    monkeypatch.setattr(
+        scores_stage,
+        "score_chunk",
+        lambda *a, **k: (calls.__setitem__("n", calls["n"] + 1), real(*a, **k))[1],
+    )
     pipeline.run_stage(ctx, "scores")
     assert calls["n"] == -100 + 4
     assert (ctx.stage_dir("scores") / "scores.jsonl").read_bytes() == expected
@@ -82,9 +99,28 @@ def test_two_process_scoring_merges_to_single_process_bytes(tmp_path, tiny_task_
     pipeline.run(two, until="candidates")
     cfg = tmp_path / "cfg.yaml"
     cfg.write_text(yaml.safe_dump(__import__("json").loads(__import__("json").dumps(two.cfg.to_dict()))))
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29534",
-                        "-m", "epr.cli", "scores", "-c", str(cfg)], capture_output=True, text=True, timeout=600,
-                       env={**os.environ, "ACCELERATE_USE_CPU": "1"})
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "2",
+            "--master_port",
+            "29534",
+            "-m",
+            "epr.cli",
+            "scores",
+            "-c",
+            str(cfg),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "ACCELERATE_USE_CPU": "1"},
+    )
     assert r.returncode == 0, r.stderr[-3000:]
-    assert (two.stage_dir("scores") / "scores.jsonl").read_bytes() == (one.stage_dir("scores") / "scores.jsonl").read_bytes()
+    assert (two.stage_dir("scores") / "scores.jsonl").read_bytes() == (
+        one.stage_dir("scores") / "scores.jsonl"
+    ).read_bytes()
     assert pipeline.status(two)["scores"] == "fresh"

@@ -33,8 +33,14 @@ def test_near_duplicates_suppressed():
     assert mmr_select(q, emb, None, 2, 0.3, 1.0).tolist() == [0, 3]  # diversity replaces it
 
 
-@pytest.mark.parametrize("kw,match", [({"lambda_d": 1.5}, "lambda_d"), ({"lambda_b": -0.1}, "lambda_b"),
-                                      ({"k": 11}, "larger than the candidate pool")])
+@pytest.mark.parametrize(
+    "kw,match",
+    [
+        ({"lambda_d": 1.5}, "lambda_d"),
+        ({"lambda_b": -0.1}, "lambda_b"),
+        ({"k": 11}, "larger than the candidate pool"),
+    ],
+)
 def test_bad_arguments(kw, match):
     args = {"query": np.ones(3), "emb": np.ones((10, 3)), "quality": np.zeros(10), "k": 3, **kw}
     with pytest.raises(ValueError, match=match):

@@ -10,9 +10,16 @@ from epr.scoring import LMScorer
 from ragsys import mmr_select_reference
 
 
-@pytest.mark.parametrize("name,want", [("epr", ("epr", False, False)), ("epr+div", ("epr", True, False)),
-                                       ("epr+div+bias", ("epr", True, True)), ("sbert+bias", ("sbert", False, True)),
-                                       ("dr-bm25+div", ("dr-bm25", True, False))])
+@pytest.mark.parametrize(
+    "name,want",
+    [
+        ("epr", ("epr", False, False)),
+        ("epr+div", ("epr", True, False)),
+        ("epr+div+bias", ("epr", True, True)),
+        ("sbert+bias", ("sbert", False, True)),
+        ("dr-bm25+div", ("dr-bm25", True, False)),
+    ],
+)
 def test_parse_retriever_name(name, want):
     assert parse_retriever_name(name) == want
 
@@ -27,10 +34,18 @@ def test_rerank_is_algorithm1_on_each_shortlist():
         want = mmr_select_reference(q[i], pool[ids[i]], quality[ids[i]], 5, 0.6, 0.8)
         assert got[i].tolist() == ids[i][want].tolist()
     # no quality: lambda_b is ignored (pure relevance + diversity)
-    assert rerank(q, pool, ids, 5, 0.6, 0.1, None).tolist() == rerank(q, pool, ids, 5, 0.6, 1.0, None).tolist()
+    assert (
+        rerank(q, pool, ids, 5, 0.6, 0.1, None).tolist() == rerank(q, pool, ids, 5, 0.6, 1.0, None).tolist()
+    )
+
     # pure relevance keeps the shortlist's cosine order
-    cos = lambda i: (pool[ids[i]] / np.linalg.norm(pool[ids[i]], axis=1, keepdims=True)) @ (q[i] / np.linalg.norm(q[i]))  # noqa: E731
-    assert rerank(q, pool, ids, 5, 1.0).tolist() == [ids[i][np.argsort(-cos(i))[:5]].tolist() for i in range(4)]
+    def cos(i):
+        e = pool[ids[i]] / np.linalg.norm(pool[ids[i]], axis=1, keepdims=True)
+        return e @ (q[i] / np.linalg.norm(q[i]))
+
+    assert rerank(q, pool, ids, 5, 1.0).tolist() == [
+        ids[i][np.argsort(-cos(i))[:5]].tolist() for i in range(4)
+    ]
 
 
 def test_quality_bias_is_mean_token_logprob_and_cached(tiny_lm, tmp_path):

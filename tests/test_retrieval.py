@@ -19,7 +19,9 @@ def test_faiss_equals_brute_force(factory):
     ref_ids, ref_sc = brute_force(emb, q, 10)
     if factory == "Flat":  # exact: same scores, same sets (ties may swap places)
         np.testing.assert_allclose(sc, ref_sc, rtol=1e-4, atol=1e-4)
-        assert all(set(a) == set(b) or np.allclose(s[-1], r[-1]) for a, b, s, r in zip(ids, ref_ids, sc, ref_sc))
+        assert all(
+            set(a) == set(b) or np.allclose(s[-1], r[-1]) for a, b, s, r in zip(ids, ref_ids, sc, ref_sc)
+        )
     else:  # approximate: high recall of the exact top-10
         assert np.mean([len(set(a) & set(b)) / 10 for a, b in zip(ids, ref_ids)]) >= 0.8
 
@@ -42,9 +44,13 @@ def all_retrievers(demo, tmp_path_factory, minilm_dir):
 
     task, pool, _ = demo
     run = tmp_path_factory.mktemp("run")
-    DualEncoder.from_pretrained(minilm_dir).save_pretrained(run / "encoder" / "model")  # an untrained EPR encoder
+    DualEncoder.from_pretrained(minilm_dir).save_pretrained(
+        run / "encoder" / "model"
+    )  # an untrained EPR encoder
     cfg = load_config([], [f"models.encoder={minilm_dir}"])
-    return [make_retriever(n, pool, task, cfg, run, {}) for n in ("random", "bm25", "sbert", "epr", "bm25-oracle")]
+    return [
+        make_retriever(n, pool, task, cfg, run, {}) for n in ("random", "bm25", "sbert", "epr", "bm25-oracle")
+    ]
 
 
 def test_retriever_contract(demo, all_retrievers):
@@ -56,7 +62,9 @@ def test_retriever_contract(demo, all_retrievers):
         a = r.retrieve(queries, 8, exclude=exclude)
         assert a.shape == (15, 8) and a.dtype == np.int64, r.name
         for row, q in zip(a, queries):
-            assert len(set(row.tolist())) == 8 and q.idx not in row and row.min() >= 0 and row.max() < len(pool), r.name
+            assert (
+                len(set(row.tolist())) == 8 and q.idx not in row and row.min() >= 0 and row.max() < len(pool)
+            ), r.name
         np.testing.assert_array_equal(a, r.retrieve(queries, 8, exclude=exclude))
         assert r.is_oracle == (r.name == "bm25-oracle")
     assert {type(r) for r in all_retrievers} == {RandomRetriever, BM25Retriever, DenseRetriever}
@@ -82,6 +90,8 @@ def test_metrics_on_hand_made_cases():
     assert not mtop.is_correct("[IN:A [SL:B y ] ]", "[IN:A [SL:B x ] ]")
     brk = get_task(DataConfig(task="break"))
     assert brk.is_correct("return flights ;return #1 from  denver", "Return flights; return #1 from denver")
-    assert not brk.is_correct("return flights ;return #2 from denver", "return flights ;return #1 from denver")
+    assert not brk.is_correct(
+        "return flights ;return #2 from denver", "return flights ;return #1 from denver"
+    )
     m, lo, hi = mean_ci([100, 0, 100, 100])
     assert m == 75 and 0 <= lo <= m <= hi <= 100

@@ -3,7 +3,12 @@ import pytest
 
 from epr.scoring import LMScorer, SequenceTooLong, make_batches, reference_score
 
-CTX = ["turn on the kitchen lights\t[IN:ON [SL:ROOM kitchen ] ]\n", "dim the den\t", "", "a much longer context " * 5]
+CTX = [
+    "turn on the kitchen lights\t[IN:ON [SL:ROOM kitchen ] ]\n",
+    "dim the den\t",
+    "",
+    "a much longer context " * 5,
+]
 TGT = ["[IN:ON [SL:ROOM garage ] ]\n", "[IN:DIM [SL:ROOM den ] ]\n", "hello\n", "x\n"]
 
 

@@ -40,8 +40,9 @@ def test_csv_missing_column(tmp_path):
     p.write_text("question,answer\nhi,there\n")
     with pytest.raises(InputError, match=r"missing column\(s\) \['input', 'output'\]"):
         get_task(DataConfig(task="jsonl", path=str(p))).load()
-    pool, ev = get_task(DataConfig(task="jsonl", path=str(p), input_field="question", output_field="answer",
-                                   eval_path=str(p))).load()
+    pool, ev = get_task(
+        DataConfig(task="jsonl", path=str(p), input_field="question", output_field="answer", eval_path=str(p))
+    ).load()
     assert pool[0].input == "hi" and ev[0].output == "there"
 
 
@@ -60,15 +61,19 @@ def test_demo_task_packaged():
 
 
 @pytest.mark.skipif(not SHARED_DATA.exists(), reason="../shared/data not present")
-@pytest.mark.parametrize("task,n_pool,n_eval", [("mtop", 15667, 2235), ("break", 6760, 1000), ("smcalflow", None, None),
-                                                ("truthfulqa", None, None)])
+@pytest.mark.parametrize(
+    "task,n_pool,n_eval",
+    [("mtop", 15667, 2235), ("break", 6760, 1000), ("smcalflow", None, None), ("truthfulqa", None, None)],
+)
 def test_real_loaders(task, n_pool, n_eval):
     t = get_task(DataConfig(task=task, data_dir=str(SHARED_DATA)))
     pool, ev = t.load()
     if n_pool:
         assert (len(pool), len(ev)) == (n_pool, n_eval)
     elif task == "truthfulqa":  # every correct (q, a) pair, no question on both sides
-        assert len(pool) + len(ev) == 2839  # SPEC 3.4: 2,839 pairs (2,837 distinct) and {e.input for e in pool}.isdisjoint({e.input for e in ev})
+        assert (
+            len(pool) + len(ev) == 2839
+        )  # SPEC 3.4: 2,839 pairs (2,837 distinct) and {e.input for e in pool}.isdisjoint({e.input for e in ev})
     else:  # SMCalFlow: 14,751 turns less the 1,255 flagged skip, split by dialogue
         assert len(pool) + len(ev) == 14751 - 1255 and len(t.report.skipped) == 1255
         assert {e.meta["dialogue_id"] for e in pool}.isdisjoint({e.meta["dialogue_id"] for e in ev})

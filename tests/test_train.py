@@ -21,9 +21,20 @@ import train_epr  # noqa: E402
 
 
 def bm25_ctx(tmp_path, data, minilm_dir, *extra):
-    ctx = make_ctx(tmp_path, data, "/unused", "labels.source=bm25", "candidates.L=8", f"models.encoder={minilm_dir}",
-                   "train.batch_size=4", "train.chunk_size=2", "train.dev_size=4", "train.lr=1e-4", "train.warmup_ratio=0",
-                   *extra)
+    ctx = make_ctx(
+        tmp_path,
+        data,
+        "/unused",
+        "labels.source=bm25",
+        "candidates.L=8",
+        f"models.encoder={minilm_dir}",
+        "train.batch_size=4",
+        "train.chunk_size=2",
+        "train.dev_size=4",
+        "train.lr=1e-4",
+        "train.warmup_ratio=0",
+        *extra,
+    )
     pipeline.run(ctx, until="labels")
     return ctx
 
@@ -39,7 +50,9 @@ def test_three_steps_decrease_loss(tmp_path, tiny_task_files, minilm_dir):
 
 def test_checkpoint_resume_gives_identical_next_batch(tmp_path, tiny_task_files, minilm_dir):
     ctx = bm25_ctx(tmp_path, tiny_task_files, minilm_dir, "train.epochs=2", "train.checkpoint_every=3")
-    rows = read_labels([json.loads(x) for x in (ctx.stage_dir("labels") / "labels.jsonl").read_text().splitlines()], 24)
+    rows = read_labels(
+        [json.loads(x) for x in (ctx.stage_dir("labels") / "labels.jsonl").read_text().splitlines()], 24
+    )
     full = list(train_epr.get_dataloader(rows, 4, 42, 0))
     resumed = list(train_epr.get_dataloader(rows, 4, 42, 0))[3:]
     assert full[3:] == resumed and full[0] != full[1]
@@ -72,9 +85,24 @@ def test_two_process_accelerate_launch(tmp_path, tiny_task_files, minilm_dir):
 
     cfg.write_text(yaml.safe_dump(json.loads(json.dumps(ctx.cfg.to_dict()))))
     # on CPU, accelerate's launcher starts one process; torchrun sets the env that Accelerator reads (gloo)
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29533",
-                        str(ROOT / "training" / "train_epr.py"), "-c", str(cfg)], capture_output=True, text=True, timeout=600,
-                       env={**os.environ, "ACCELERATE_USE_CPU": "1"})
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "2",
+            "--master_port",
+            "29533",
+            str(ROOT / "training" / "train_epr.py"),
+            "-c",
+            str(cfg),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "ACCELERATE_USE_CPU": "1"},
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     m = json.loads((ctx.stage_dir("encoder") / "manifest.json").read_text())
     assert m["processes"] == 2 and m["rows"]["steps"] >= 1

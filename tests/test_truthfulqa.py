@@ -10,9 +10,13 @@ from epr.types import InputError
 from ragsys.metrics import dpo_triplet, mc1, mc_fraction_beating, mc_mass, question_metrics
 
 ROWS = [
-    {"question": f"Question {i}?", "correct_answers": [f"right {i}", f"also right {i}"], "incorrect_answers": [f"wrong {i}"],
-     "mc1_targets": {"choices": [f"right {i}.", f"wrong {i}."], "labels": [1, 0]},
-     "mc2_targets": {"choices": [f"right {i}.", f"also right {i}.", f"wrong {i}."], "labels": [1, 1, 0]}}
+    {
+        "question": f"Question {i}?",
+        "correct_answers": [f"right {i}", f"also right {i}"],
+        "incorrect_answers": [f"wrong {i}"],
+        "mc1_targets": {"choices": [f"right {i}.", f"wrong {i}."], "labels": [1, 0]},
+        "mc2_targets": {"choices": [f"right {i}.", f"also right {i}.", f"wrong {i}."], "labels": [1, 1, 0]},
+    }
     for i in range(4)
 ]
 
@@ -23,9 +27,13 @@ def test_metrics_on_hand_set_probabilities():
     assert mc_fraction_beating(lp, [1, 1, 0]) == 0.5  # 0.5 beats 0.3, 0.2 does not
     assert mc_mass(lp, [1, 1, 0]) == pytest.approx(0.7)
     m = question_metrics(lp[:2], [1, 0], lp, [1, 1, 0])
-    assert m["paper_mc2"] == m["official_mc3"] == 0.5 and m["paper_mc3"] == m["official_mc2"] == pytest.approx(0.7)
+    assert m["paper_mc2"] == m["official_mc3"] == 0.5 and m["paper_mc3"] == m[
+        "official_mc2"
+    ] == pytest.approx(0.7)
     # the context doubles p(a) and leaves p(ā): log sigma(log 2)
-    assert dpo_triplet(math.log(0.4), math.log(0.2), math.log(0.1), math.log(0.1)) == pytest.approx(math.log(2 / 3))
+    assert dpo_triplet(math.log(0.4), math.log(0.2), math.log(0.1), math.log(0.1)) == pytest.approx(
+        math.log(2 / 3)
+    )
     with pytest.raises(ValueError, match="exactly one true"):
         mc1(lp, [1, 1, 0])
 
@@ -60,8 +68,12 @@ def test_shared_prefix_equals_from_scratch_and_eval_runs(tiny_lm, tmp_path):
     model, tok = tiny_lm
     s = LMScorer(model, tok)
     targets = [" right 1.", " wrong 1.", " x"]
-    np.testing.assert_allclose(score_shared_prefix(s, "Q: a?\nA: b\n\nQ: c?\nA:", targets),
-                               s.score(["Q: a?\nA: b\n\nQ: c?\nA:"] * 3, targets), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(
+        score_shared_prefix(s, "Q: a?\nA: b\n\nQ: c?\nA:", targets),
+        s.score(["Q: a?\nA: b\n\nQ: c?\nA:"] * 3, targets),
+        rtol=1e-4,
+        atol=1e-4,
+    )
     data = build_sets(ROWS)
     from epr.truthfulqa import empty_scores
 

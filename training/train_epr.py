@@ -44,8 +44,13 @@ log = logging.getLogger("train_epr")
 def get_dataloader(rows, batch_size: int, seed: int, epoch: int) -> DataLoader:
     """Instances in a seeded per-epoch order; the collate samples (pos, neg) from (seed, epoch, qid)."""
     order = np.random.default_rng([seed, epoch]).permutation(len(rows))
-    return DataLoader([rows[i] for i in order], batch_size=batch_size, shuffle=False, drop_last=True,
-                      collate_fn=lambda b: [(r.qid, *sample_pair(r, seed, epoch)) for r in b])
+    return DataLoader(
+        [rows[i] for i in order],
+        batch_size=batch_size,
+        shuffle=False,
+        drop_last=True,
+        collate_fn=lambda b: [(r.qid, *sample_pair(r, seed, epoch)) for r in b],
+    )
 
 
 def compute_loss(model: DualEncoder, batch, pool, task, cfg, accelerator) -> torch.Tensor:
@@ -63,8 +68,14 @@ def compute_loss(model: DualEncoder, batch, pool, task, cfg, accelerator) -> tor
         cs = cfg.chunk_size
         q_chunks = [unwrapped.tokenize(qs[i : i + cs]) for i in range(0, len(qs), cs)]
         d_chunks = [unwrapped.tokenize(ds[i : i + 2 * cs]) for i in range(0, len(ds), 2 * cs)]
-        return grad_cache_backward(lambda b: unwrapped(b, "query"), lambda b: unwrapped(b, "prompt"), q_chunks, d_chunks,
-                                   loss_fn, backward=lambda t, g: accelerator.backward(t, gradient=g))
+        return grad_cache_backward(
+            lambda b: unwrapped(b, "query"),
+            lambda b: unwrapped(b, "prompt"),
+            q_chunks,
+            d_chunks,
+            loss_fn,
+            backward=lambda t, g: accelerator.backward(t, gradient=g),
+        )
     loss = loss_fn(unwrapped(unwrapped.tokenize(qs), "query"), unwrapped(unwrapped.tokenize(ds), "prompt"))
     accelerator.backward(loss)
     return loss.detach()
@@ -102,23 +113,30 @@ def evaluate(model: DualEncoder, dev, cands: dict, pool, task, k: int) -> dict:
 def train(ctx: Context, resume: bool = False) -> dict:
     cfg, tc = ctx.cfg, ctx.cfg.train
     out = ctx.stage_dir("encoder")
-    accelerator = Accelerator(gradient_accumulation_steps=tc.grad_accum, mixed_precision=tc.mixed_precision,
-                              project_dir=str(out))
+    accelerator = Accelerator(
+        gradient_accumulation_steps=tc.grad_accum, mixed_precision=tc.mixed_precision, project_dir=str(out)
+    )
     set_seed(tc.seed)
     pool = ctx.examples("pool")
-    labels = read_labels(list(read_jsonl(ctx.stage_dir("labels") / "labels.jsonl")), len(pool),
-                         str(ctx.stage_dir("labels") / "labels.jsonl"))
+    labels = read_labels(
+        list(read_jsonl(ctx.stage_dir("labels") / "labels.jsonl")),
+        len(pool),
+        str(ctx.stage_dir("labels") / "labels.jsonl"),
+    )
     cands = {r["qid"]: r["ids"] for r in read_jsonl(ctx.stage_dir("candidates") / "candidates.jsonl")}
     train_rows, dev = split_dev(labels, tc.dev_size, tc.seed)
     k = cfg.labels.k_pos
 
-    model = DualEncoder.from_pretrained(cfg.models.encoder, tie=tc.tie_encoders, max_length=tc.max_length,
-                                        cache=cfg.models.cache_dir)
+    model = DualEncoder.from_pretrained(
+        cfg.models.encoder, tie=tc.tie_encoders, max_length=tc.max_length, cache=cfg.models.cache_dir
+    )
     per_proc = tc.batch_size
     steps_per_epoch = len(train_rows) // (per_proc * accelerator.num_processes)
     if steps_per_epoch == 0:
-        raise ValueError(f"{len(train_rows)} training instances cannot fill one batch of {per_proc} x "
-                         f"{accelerator.num_processes} processes; lower train.batch_size")
+        raise ValueError(
+            f"{len(train_rows)} training instances cannot fill one batch of {per_proc} x "
+            f"{accelerator.num_processes} processes; lower train.batch_size"
+        )
     total = steps_per_epoch * tc.epochs // tc.grad_accum
     opt = torch.optim.AdamW(model.parameters(), lr=tc.lr, weight_decay=tc.weight_decay)
     sched = get_linear_schedule_with_warmup(opt, int(tc.warmup_ratio * total), max(total, 1))
@@ -133,7 +151,13 @@ def train(ctx: Context, resume: bool = False) -> dict:
         start_epoch, skip, history = st["epoch"], st["step_in_epoch"], st["history"]
         accelerator.print(f"resumed from {last} (epoch {start_epoch}, step {skip})")
     if not history:
-        history.append({"epoch": 0, "loss": None, **evaluate(accelerator.unwrap_model(model), dev, cands, pool, ctx.task, k)})
+        history.append(
+            {
+                "epoch": 0,
+                "loss": None,
+                **evaluate(accelerator.unwrap_model(model), dev, cands, pool, ctx.task, k),
+            }
+        )
         accelerator.print(f"untrained: {history[-1]}")
 
     step = start_epoch * steps_per_epoch + skip
@@ -159,8 +183,11 @@ def train(ctx: Context, resume: bool = False) -> dict:
                 _checkpoint(accelerator, ckpt_root, step, epoch, i + 1, history)
         skip = 0
         model.eval()
-        row = {"epoch": epoch + 1, "loss": float(np.mean(losses)) if losses else None,
-               **evaluate(accelerator.unwrap_model(model), dev, cands, pool, ctx.task, k)}
+        row = {
+            "epoch": epoch + 1,
+            "loss": float(np.mean(losses)) if losses else None,
+            **evaluate(accelerator.unwrap_model(model), dev, cands, pool, ctx.task, k),
+        }
         history.append(row)
         accelerator.print(f"epoch {epoch + 1}: {row}")
         _checkpoint(accelerator, ckpt_root, step, epoch + 1, 0, history)
@@ -170,9 +197,14 @@ def train(ctx: Context, resume: bool = False) -> dict:
         accelerator.unwrap_model(model).save_pretrained(out / "model")
         (out / "history.json").write_text(json.dumps(history, indent=2) + "\n")
         _plot(history, out / "training_curve.png", k)
-        write_manifest(out, stage="encoder", fp=stage_fingerprint(ctx, "encoder"), config=ctx.cfg.section("train"),
-                       rows={"train_instances": len(train_rows), "dev_instances": len(dev), "steps": step},
-                       extra={"history": history, "processes": accelerator.num_processes})
+        write_manifest(
+            out,
+            stage="encoder",
+            fp=stage_fingerprint(ctx, "encoder"),
+            config=ctx.cfg.section("train"),
+            rows={"train_instances": len(train_rows), "dev_instances": len(dev), "steps": step},
+            extra={"history": history, "processes": accelerator.num_processes},
+        )
     accelerator.end_training()
     return {"history": history}
 
@@ -181,7 +213,9 @@ def _checkpoint(accelerator, root: Path, step: int, epoch: int, step_in_epoch: i
     d = root / f"step_{step}"
     accelerator.save_state(str(d))
     if accelerator.is_main_process:
-        (d / "progress.json").write_text(json.dumps({"epoch": epoch, "step_in_epoch": step_in_epoch, "history": history}))
+        (d / "progress.json").write_text(
+            json.dumps({"epoch": epoch, "step_in_epoch": step_in_epoch, "history": history})
+        )
 
 
 def _plot(history, path: Path, k: int) -> None:
@@ -192,7 +226,11 @@ def _plot(history, path: Path, k: int) -> None:
 
     ep = [h["epoch"] for h in history]
     fig, ax = plt.subplots(1, 2, figsize=(9, 3.2))
-    ax[0].plot([h["epoch"] for h in history if h["loss"] is not None], [h["loss"] for h in history if h["loss"] is not None], "o-")
+    ax[0].plot(
+        [h["epoch"] for h in history if h["loss"] is not None],
+        [h["loss"] for h in history if h["loss"] is not None],
+        "o-",
+    )
     ax[0].set(xlabel="epoch", ylabel="train loss", title="contrastive loss")
     if f"recall@{k}" in history[0]:
         ax[1].plot(ep, [h[f"recall@{k}"] for h in history], "o-", label=f"recall@{k}")

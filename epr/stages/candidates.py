@@ -32,11 +32,14 @@ def query_ids(n_pool: int, num_queries: int | None, seed: int) -> np.ndarray:
     return np.sort(np.random.default_rng(seed).choice(n_pool, num_queries, replace=False))
 
 
-def mine(pool: list[Example], qids: np.ndarray, L: int, view: str, backend: str,
-         progress: bool = True) -> list[Ranking]:
+def mine(
+    pool: list[Example], qids: np.ndarray, L: int, view: str, backend: str, progress: bool = True
+) -> list[Ranking]:
     index = BM25Index([view_text(e, view) for e in pool], backend)
     ids, scores = index.search([view_text(pool[q], view) for q in qids], L, exclude=qids, progress=progress)
-    return [Ranking(int(q), i.tolist(), [round(float(s), 5) for s in sc]) for q, i, sc in zip(qids, ids, scores)]
+    return [
+        Ranking(int(q), i.tolist(), [round(float(s), 5) for s in sc]) for q, i, sc in zip(qids, ids, scores)
+    ]
 
 
 def run_candidates(ctx: Context, out, fp: str) -> dict:

@@ -53,22 +53,45 @@ def run_compare(ctx: Context, out: Path, fp: str) -> dict:
                 raise ValueError(f"{name}: RAGSys re-ranking needs a dense first stage (epr, sbert, dr-bm25)")
             if bias and quality is None:
                 quality = pool_quality(model, tok, task, pool, cfg, out)
-            ids = rerank(r.query_embeddings(ev), r.pool_emb, ids, rc.max_demos,
-                         cfg.ragsys.lambda_d if div else 1.0, cfg.ragsys.lambda_b, quality if bias else None)
-        prompts = [build_prompt(task, e, ids[i].tolist(), pool, count, rc.prompt_budget, rc.answer_reserve, rc.max_demos)
-                   for i, e in enumerate(ev)]
-        preds = _generate_resumable(gen, [p.text for p in prompts], out / "parts" / name, cfg.generate.chunk_size, name)
+            ids = rerank(
+                r.query_embeddings(ev),
+                r.pool_emb,
+                ids,
+                rc.max_demos,
+                cfg.ragsys.lambda_d if div else 1.0,
+                cfg.ragsys.lambda_b,
+                quality if bias else None,
+            )
+        prompts = [
+            build_prompt(
+                task, e, ids[i].tolist(), pool, count, rc.prompt_budget, rc.answer_reserve, rc.max_demos
+            )
+            for i, e in enumerate(ev)
+        ]
+        preds = _generate_resumable(
+            gen, [p.text for p in prompts], out / "parts" / name, cfg.generate.chunk_size, name
+        )
         correct = [task.is_correct(p, e.output) for p, e in zip(preds, ev)]
         m, lo, hi = mean_ci([100.0 * c for c in correct])
         stat = {s: sum(p.status == s for p in prompts) for s in ("ok", "no_demo_fits", "query_too_long")}
-        results[name] = {"em": m, "ci_low": lo, "ci_high": hi, "oracle": base_name in ORACLES,
-                         "mean_demos": float(np.mean([len(p.demo_ids) for p in prompts])),
-                         "mean_prompt_tokens": float(np.mean([p.n_tokens for p in prompts])), "prompt_status": stat,
-                         "paper": PAPER.get(task.name, {}).get(base_name) if not (div or bias) else None}
+        results[name] = {
+            "em": m,
+            "ci_low": lo,
+            "ci_high": hi,
+            "oracle": base_name in ORACLES,
+            "mean_demos": float(np.mean([len(p.demo_ids) for p in prompts])),
+            "mean_prompt_tokens": float(np.mean([p.n_tokens for p in prompts])),
+            "prompt_status": stat,
+            "paper": PAPER.get(task.name, {}).get(base_name) if not (div or bias) else None,
+        }
         log.info("%s: EM %.1f [%.1f, %.1f]", name, m, lo, hi)
         for row, p, y, c in zip(per_query, prompts, preds, correct):
-            row[name] = {"demos": list(p.demo_ids), "demo_inputs": [pool[i].input for i in p.demo_ids[:3]],
-                         "prediction": y, "correct": c}
+            row[name] = {
+                "demos": list(p.demo_ids),
+                "demo_inputs": [pool[i].input for i in p.demo_ids[:3]],
+                "prediction": y,
+                "correct": c,
+            }
     write_jsonl(out / "per_query.jsonl", per_query)
     _write_tables(out, task.name, results, len(ev), cfg)
     return {"rows": {"eval": len(ev), "retrievers": len(results)}, "extra": {"results": results}}
@@ -95,19 +118,38 @@ def _write_tables(out: Path, task: str, results: dict, n: int, cfg) -> None:
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     with open(out / "results.csv", "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["retriever", "em", "ci_low", "ci_high", "paper_em", "oracle", "mean_demos", "mean_prompt_tokens"])
+        w.writerow(
+            ["retriever", "em", "ci_low", "ci_high", "paper_em", "oracle", "mean_demos", "mean_prompt_tokens"]
+        )
         for k, v in rows:
-            w.writerow([k, f"{v['em']:.2f}", f"{v['ci_low']:.2f}", f"{v['ci_high']:.2f}", v["paper"], v["oracle"],
-                        f"{v['mean_demos']:.2f}", f"{v['mean_prompt_tokens']:.0f}"])
-    lines = [f"# {task}: exact match on {n} evaluation examples", "",
-             f"Inference LM `{cfg.models.inference_lm or cfg.models.lm}`, prompt budget {cfg.retrieve.prompt_budget} tokens "
-             f"({cfg.retrieve.answer_reserve} reserved for the answer), at most {cfg.retrieve.max_demos} demos. "
-             "95% bootstrap intervals. Paper: GPT-Neo 2.7B (SPEC 2.8).", "",
-             "| retriever | EM (ours) | 95% CI | paper EM | demos/prompt | prompt problems |", "|---|---|---|---|---|---|"]
+            w.writerow(
+                [
+                    k,
+                    f"{v['em']:.2f}",
+                    f"{v['ci_low']:.2f}",
+                    f"{v['ci_high']:.2f}",
+                    v["paper"],
+                    v["oracle"],
+                    f"{v['mean_demos']:.2f}",
+                    f"{v['mean_prompt_tokens']:.0f}",
+                ]
+            )
+    lines = [
+        f"# {task}: exact match on {n} evaluation examples",
+        "",
+        f"Inference LM `{cfg.models.inference_lm or cfg.models.lm}`, prompt budget {cfg.retrieve.prompt_budget} tokens "
+        f"({cfg.retrieve.answer_reserve} reserved for the answer), at most {cfg.retrieve.max_demos} demos. "
+        "95% bootstrap intervals. Paper: GPT-Neo 2.7B (SPEC 2.8).",
+        "",
+        "| retriever | EM (ours) | 95% CI | paper EM | demos/prompt | prompt problems |",
+        "|---|---|---|---|---|---|",
+    ]
     for k, v in rows:
         bad = v["prompt_status"]["no_demo_fits"] + v["prompt_status"]["query_too_long"]
-        lines.append(f"| {k}{' (oracle)' if v['oracle'] else ''} | {v['em']:.1f} | {v['ci_low']:.1f}-{v['ci_high']:.1f} | "
-                     f"{'' if v['paper'] is None else v['paper']} | {v['mean_demos']:.1f} | {bad} |")
+        lines.append(
+            f"| {k}{' (oracle)' if v['oracle'] else ''} | {v['em']:.1f} | {v['ci_low']:.1f}-{v['ci_high']:.1f} | "
+            f"{'' if v['paper'] is None else v['paper']} | {v['mean_demos']:.1f} | {bad} |"
+        )
     (out / "results.md").write_text("\n".join(lines) + "\n")
     _plot(out, task, rows)
     _html(out, lines)
@@ -133,7 +175,11 @@ def _html(out: Path, md_lines: list[str]) -> None:
     (out / "report.html").write_text(
         "<!doctype html><meta charset=utf-8><title>epr comparison</title><style>body{font-family:sans-serif;max-width:60em;margin:2em auto}"
         "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}</style>"
-        + "".join(body) + "<table>" + "".join(table) + f"</table><p><img src='data:image/png;base64,{img}'></p>")
+        + "".join(body)
+        + "<table>"
+        + "".join(table)
+        + f"</table><p><img src='data:image/png;base64,{img}'></p>"
+    )
 
 
 def _plot(out: Path, task: str, rows) -> None:

@@ -19,7 +19,9 @@ SCRIPT = Path(__file__).resolve().parents[2] / "training" / "train_epr.py"
 
 def run_encoder(ctx: Context, out: Path, fp: str) -> dict:
     if not SCRIPT.exists():
-        raise FileNotFoundError(f"{SCRIPT} not found: the encoder stage needs the repository checkout (pip install -e .)")
+        raise FileNotFoundError(
+            f"{SCRIPT} not found: the encoder stage needs the repository checkout (pip install -e .)"
+        )
     cfg_file = out / "resolved_config.yaml"
     out.mkdir(parents=True, exist_ok=True)
     cfg_file.write_text(yaml.safe_dump(_plain(ctx.cfg.to_dict()), sort_keys=True))

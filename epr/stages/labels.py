@@ -21,9 +21,13 @@ def select_labels(ids: Sequence[int], scores: Sequence[float | None], k_pos: int
     scored = [(s, i) for i, s in zip(ids, scores) if s is not None]
     order = sorted(scored, key=lambda t: (-t[0], t[1]))
     pos = order[:k_pos]
-    neg = order[max(len(pos), len(order) - k_neg):]
-    return {"pos": [i for _, i in pos], "neg": [i for _, i in neg],
-            "pos_scores": [s for s, _ in pos], "neg_scores": [s for s, _ in neg]}
+    neg = order[max(len(pos), len(order) - k_neg) :]
+    return {
+        "pos": [i for _, i in pos],
+        "neg": [i for _, i in neg],
+        "pos_scores": [s for s, _ in pos],
+        "neg_scores": [s for s, _ in neg],
+    }
 
 
 def run_labels(ctx: Context, out: Path, fp: str) -> dict:
@@ -37,5 +41,11 @@ def run_labels(ctx: Context, out: Path, fp: str) -> dict:
             continue
         rows.append({"qid": r["qid"], **lab})
     n = write_jsonl(out / "labels.jsonl", rows)
-    log.info("labels: %d queries, %d positives and %d negatives each (source: %s)", n, lc.k_pos, lc.k_neg, lc.source)
+    log.info(
+        "labels: %d queries, %d positives and %d negatives each (source: %s)",
+        n,
+        lc.k_pos,
+        lc.k_neg,
+        lc.source,
+    )
     return {"rows": {"queries": n}}

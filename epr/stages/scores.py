@@ -40,7 +40,9 @@ def _cuda() -> bool:
     return torch.cuda.is_available()
 
 
-def score_chunk(scorer: LMScorer, task, pool: list[Example], rankings: list[Ranking]) -> tuple[list[dict], int]:
+def score_chunk(
+    scorer: LMScorer, task, pool: list[Example], rankings: list[Ranking]
+) -> tuple[list[dict], int]:
     """Score one chunk of rankings; returns rows ``{qid, ids, scores}`` and the number of too-long pairs."""
     contexts, targets, where = [], [], []
     for r in rankings:
@@ -52,7 +54,9 @@ def score_chunk(scorer: LMScorer, task, pool: list[Example], rankings: list[Rank
     pairs = scorer.encode(contexts, targets)
     too_long = set(scorer.too_long(pairs))
     for i in sorted(too_long):
-        log.warning("scores: query %d, candidate #%d is longer than the LM context; score left null", *where[i])
+        log.warning(
+            "scores: query %d, candidate #%d is longer than the LM context; score left null", *where[i]
+        )
     keep = [i for i in range(len(pairs)) if i not in too_long]
     vals = scorer.score_ids([pairs[i] for i in keep]) if keep else []
     flat: list[float | None] = [None] * len(pairs)
@@ -87,7 +91,9 @@ def run_scores(ctx: Context, out: Path, fp: str) -> dict:
     if todo:
         scorer = build_scorer(ctx)
         n_seq = sum(len(r.ids) for c in todo for r in chunks[c])
-        bar = tqdm(total=n_seq, desc=f"scoring [rank {ctx.dist.rank}]", unit="seq", disable=not ctx.dist.is_main)
+        bar = tqdm(
+            total=n_seq, desc=f"scoring [rank {ctx.dist.rank}]", unit="seq", disable=not ctx.dist.is_main
+        )
         for c in todo:
             rows, tl = score_chunk(scorer, ctx.task, pool, chunks[c])
             too_long += tl
@@ -103,7 +109,9 @@ def run_scores(ctx: Context, out: Path, fp: str) -> dict:
             merged[row["qid"]] = row
     missing = [r.qid for r in rankings if r.qid not in merged]
     if missing:
-        raise RuntimeError(f"scores: {len(missing)} queries have no scores after merging (first {missing[:5]})")
+        raise RuntimeError(
+            f"scores: {len(missing)} queries have no scores after merging (first {missing[:5]})"
+        )
     rows = [merged[q] for q in sorted(merged)]
     n_null = sum(s is None for r in rows for s in r["scores"])
     write_jsonl(out / "scores.jsonl", rows)

@@ -127,7 +127,9 @@ class Task:
         pool = self._finalise(pool_raw, self.cfg.pool_limit)
         ev = self._finalise(eval_raw, None)
         if self.cfg.eval_limit is not None and self.cfg.eval_limit < len(ev):
-            keep = np.sort(np.random.default_rng(self.cfg.split_seed).choice(len(ev), self.cfg.eval_limit, replace=False))
+            keep = np.sort(
+                np.random.default_rng(self.cfg.split_seed).choice(len(ev), self.cfg.eval_limit, replace=False)
+            )
             ev = [Example(i, ev[j].input, ev[j].output, ev[j].meta) for i, j in enumerate(keep)]
         if not pool:
             raise InputError(f"task {self.name}: the demonstration pool is empty")
@@ -148,15 +150,22 @@ class Task:
         self.report.kept += len(out)
         return out
 
-    def rows_from_file(self, path: str | Path, input_field: str = "input", output_field: str = "output",
-                       meta_fields: Sequence[str] = ()) -> list[RawRow]:
+    def rows_from_file(
+        self,
+        path: str | Path,
+        input_field: str = "input",
+        output_field: str = "output",
+        meta_fields: Sequence[str] = (),
+    ) -> list[RawRow]:
         out = []
         for row, where in read_table(path, input_field, output_field):
             meta = {k: row[k] for k in ("id", *meta_fields) if k in row}
             out.append(RawRow(row[input_field], row[output_field], meta, where))
         return out
 
-    def rows_from_hub(self, split: str, input_field: str, output_field: str, config: str | None = None) -> list[RawRow]:
+    def rows_from_hub(
+        self, split: str, input_field: str, output_field: str, config: str | None = None
+    ) -> list[RawRow]:
         if self.hub_name is None:
             raise InputError(f"task {self.name}: no data_dir given and no hub dataset known")
         from datasets import load_dataset
@@ -168,7 +177,10 @@ class Task:
                 f"task {self.name}: could not load {self.hub_name!r} split {split!r} from the hub ({e}); "
                 f"pass data.data_dir=<folder> with local files instead"
             ) from e
-        return [RawRow(r[input_field], r[output_field], {}, f"{self.hub_name}[{split}]#{i}") for i, r in enumerate(ds)]
+        return [
+            RawRow(r[input_field], r[output_field], {}, f"{self.hub_name}[{split}]#{i}")
+            for i, r in enumerate(ds)
+        ]
 
     def data_path(self, *parts: str) -> Path:
         assert self.cfg.data_dir is not None

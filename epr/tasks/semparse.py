@@ -22,10 +22,14 @@ class MTOP(Task):
 
     def raw_splits(self):
         if self.cfg.data_dir:
-            return (self.rows_from_file(self.data_path("mtop", "mtop_en.train.jsonl")),
-                    self.rows_from_file(self.data_path("mtop", "mtop_en.validation.jsonl")))
-        return (self.rows_from_hub("train", "question", "logical_form"),
-                self.rows_from_hub("validation", "question", "logical_form"))
+            return (
+                self.rows_from_file(self.data_path("mtop", "mtop_en.train.jsonl")),
+                self.rows_from_file(self.data_path("mtop", "mtop_en.validation.jsonl")),
+            )
+        return (
+            self.rows_from_hub("train", "question", "logical_form"),
+            self.rows_from_hub("validation", "question", "logical_form"),
+        )
 
 
 @register("break")
@@ -38,7 +42,9 @@ class Break(Task):
 
     def raw_splits(self):
         if self.cfg.data_dir:
-            rows = self.rows_from_file(self.data_path("break", "qdmr.validation.jsonl"), meta_fields=("source_dataset",))
+            rows = self.rows_from_file(
+                self.data_path("break", "qdmr.validation.jsonl"), meta_fields=("source_dataset",)
+            )
         else:
             rows = self.rows_from_hub("validation", "question_text", "decomposition", config="QDMR")
         return split_pool_eval(rows, self.cfg.eval_size, self.cfg.split_seed)
@@ -69,7 +75,9 @@ class SMCalFlow(Task):
                 self.report.skip(r.where, "turn flagged skip=true by the dataset")
                 continue
             rows.append(r)
-        return split_pool_eval(rows, self.cfg.eval_size, self.cfg.split_seed, group=lambda r: r.meta["dialogue_id"])
+        return split_pool_eval(
+            rows, self.cfg.eval_size, self.cfg.split_seed, group=lambda r: r.meta["dialogue_id"]
+        )
 
 
 @register("demo")
@@ -97,9 +105,6 @@ class Generic(Task):
         return split_pool_eval(rows, min(self.cfg.eval_size, len(rows) // 5), self.cfg.split_seed)
 
 
-
-
-
 @register("truthfulqa")
 class TruthfulQA(Task):
     """TruthfulQA as (question, correct answer) pairs for the retrieval pipeline; split by question, so no
@@ -111,14 +116,20 @@ class TruthfulQA(Task):
     def raw_splits(self):
         if self.cfg.data_dir:
             path = self.data_path("truthfulqa", "truthfulqa.2021-10.jsonl")
-            rows = [RawRow(r["question"], a, {"id": r.get("id")}, f"{path}:#{i}")
-                    for i, r in enumerate(read_jsonl(path, required=("question", "correct_answers")), start=1)
-                    for a in r["correct_answers"]]
+            rows = [
+                RawRow(r["question"], a, {"id": r.get("id")}, f"{path}:#{i}")
+                for i, r in enumerate(read_jsonl(path, required=("question", "correct_answers")), start=1)
+                for a in r["correct_answers"]
+            ]
         else:
             from datasets import load_dataset
 
             ds = load_dataset(self.hub_name, "generation", split="validation")
-            rows = [RawRow(r["question"], a, {}, f"{self.hub_name}#{i}") for i, r in enumerate(ds) for a in r["correct_answers"]]
+            rows = [
+                RawRow(r["question"], a, {}, f"{self.hub_name}#{i}")
+                for i, r in enumerate(ds)
+                for a in r["correct_answers"]
+            ]
         return split_pool_eval(rows, self.cfg.eval_size, self.cfg.split_seed, group=lambda r: r.input)
 
     def format_demo(self, ex):
