@@ -3,9 +3,9 @@
 One variant (``rel``: k = 6 cosine-nearest demonstrations, leave-one-out) on the same seeded questions, both ways in
 one run. Prefix sharing runs each question's prompt once and scores all its answers on the prompt's KV cache
 (``epr.prefix_scoring``); from scratch sends every prompt + answer sequence through the batched scorer
-(``LMScorer``: length-sorted token-budget batches, bf16, answer-only head), i.e. our best path without sharing.
+(``LMScorer``: length-sorted token-budget batches, answer-only head), i.e. our best path without sharing.
 
-    python -m benchmarks.truthfulqa [--questions 100] [--data-dir ../shared/data]
+    python -m benchmarks.truthfulqa [--questions 20] [--data-dir ../shared/data]
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import time
 
 import numpy as np
 
-from benchmarks.common import machine, save
+from benchmarks.common import describe, machine, save
 from epr.models import load_encoder, load_lm
 from epr.prefix_scoring import score_shared_prefix
 from epr.scoring import LMScorer
@@ -24,7 +24,7 @@ from epr.truthfulqa import answers_of, build_sets, demo_text, load_tqa, query_te
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--questions", type=int, default=100)
+    ap.add_argument("--questions", type=int, default=20)
     ap.add_argument("--data-dir", default="../shared/data")
     ap.add_argument("--batch-tokens", type=int, default=2048)
     a = ap.parse_args()
@@ -82,8 +82,8 @@ def main() -> None:
     }
     md = f"""# TruthfulQA evaluation: shared prefix vs from scratch (one variant, `rel`, k = 6)
 
-Machine: {raw["machine"]["cpu"]}, {raw["machine"]["threads"]} threads, torch {raw["machine"]["torch"]}, {raw["machine"]["date"]}.
-SmolLM2-135M-Instruct (bf16), {len(subset)} seeded questions (seed 0) of 817, {len(flat_tgt)} answers scored
+Machine: {describe(raw["machine"])}.
+SmolLM2-135M-Instruct ({next(model.parameters()).dtype}), {len(subset)} seeded questions (seed 0) of 817, {len(flat_tgt)} answers scored
 (every MC1/MC2 choice and every reference answer, once each), 6 demonstrations per prompt.
 
 | way | tokens through the LM | seconds | questions / s | 817 questions (extrapolated) |
@@ -92,7 +92,7 @@ SmolLM2-135M-Instruct (bf16), {len(subset)} seeded questions (seed 0) of 817, {l
 | shared prefix (prompt once, answers on its KV cache) | {raw["tokens_forwarded_shared"]} | {t_shared:.1f} | {len(subset) / t_shared:.2f} | {t_shared * 817 / len(subset) / 60:.1f} min |
 
 **Speed-up: {raw["speedup"]:.2f}x.** The two agree to {raw["max_abs_diff"]:.3f} nats at most per answer (mean
-{raw["mean_abs_diff"]:.4f}; bf16 rounding differs between the two batch shapes).
+{raw["mean_abs_diff"]:.4f}: float rounding differs between the two batch shapes).
 A whole variant needs this once per question; the empty-context scores (for DPO) once in all.
 """
     save("truthfulqa", raw, md)

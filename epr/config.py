@@ -248,6 +248,10 @@ def load_config(paths: Sequence[str | Path] = (), overrides: Sequence[str] = ())
     return cfg
 
 
+RETRIEVERS = ("random", "bm25", "sbert", "epr", "dr-bm25", "bm25-oracle", "lm-oracle")
+DENSE = ("sbert", "epr", "dr-bm25")
+
+
 def _validate(cfg: ExperimentConfig) -> None:
     checks = [
         (cfg.candidates.L >= 1, "candidates.L must be >= 1"),
@@ -266,6 +270,22 @@ def _validate(cfg: ExperimentConfig) -> None:
         (cfg.train.batch_size >= 2, "train.batch_size must be >= 2 (in-batch negatives)"),
         (cfg.train.chunk_size >= 0, "train.chunk_size must be >= 0"),
     ]
+    for name in cfg.retrieve.retrievers:
+        base, *suffixes = name.split("+")
+        checks.append(
+            (
+                base in RETRIEVERS and set(suffixes) <= {"div", "bias"},
+                f"retrieve.retrievers: unknown retriever {name!r}; known: {', '.join(RETRIEVERS)}, "
+                "with +div / +div+bias (RAGSys) after a dense one",
+            )
+        )
+        checks.append(
+            (
+                not suffixes or base in DENSE,
+                f"retrieve.retrievers: {name!r}: RAGSys re-ranking (+div, +bias) "
+                f"needs a dense first stage ({', '.join(DENSE)})",
+            )
+        )
     for ok, msg in checks:
         if not ok:
             raise ValueError(f"config: {msg}")

@@ -43,7 +43,8 @@ class FastLlama(torch.nn.Module):
     """Final hidden states of a Llama-style decoder, ``forward(ids: (B, T) long) -> (B, T, H)``.
 
     Holds references to (not copies of) the embedding and norm weights and one concatenated copy of the projection
-    weights per layer, transposed for ``x @ W``.
+    weights per layer, in ``nn.Linear`` layout (out, in): oneDNN's bf16 (AMX) kernels take that layout; a
+    transposed copy multiplied with ``@`` fell off the fast path and ran ~10x slower on this CPU.
     """
 
     def __init__(self, model) -> None:
@@ -66,11 +67,11 @@ class FastLlama(torch.nn.Module):
                 self.layers.append(
                     (
                         layer.input_layernorm.weight,
-                        torch.cat([at.q_proj.weight, at.k_proj.weight, at.v_proj.weight]).t().contiguous(),
-                        at.o_proj.weight.t().contiguous(),
+                        torch.cat([at.q_proj.weight, at.k_proj.weight, at.v_proj.weight]),
+                        at.o_proj.weight,
                         layer.post_attention_layernorm.weight,
-                        torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).t().contiguous(),
-                        mlp.down_proj.weight.t().contiguous(),
+                        torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]),
+                        mlp.down_proj.weight,
                     )
                 )
 
@@ -88,17 +89,17 @@ class FastLlama(torch.nn.Module):
         nq, nk = H * D, Hkv * D
         for ln1, wqkv, wo, ln2, wgu, wd in self.layers:
             a = _rms_norm(h, ln1, self.eps)
-            qkv = a @ wqkv
+            qkv = F.linear(a, wqkv)
             qk = qkv[:, : nq + nk].view(B, T, H + Hkv, D)
             qk = torch.addcmul(qk * cos, qk.roll(half, dims=-1), sin)
             q = qk[:, :, :H].transpose(1, 2)
             k = qk[:, :, H:].transpose(1, 2)
             v = qkv[:, nq + nk :].view(B, T, Hkv, D).transpose(1, 2)
             o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale, enable_gqa=Hkv != H)
-            h = h + o.transpose(1, 2).reshape(B * T, nq) @ wo
+            h = h + F.linear(o.transpose(1, 2).reshape(B * T, nq), wo)
             a = _rms_norm(h, ln2, self.eps)
-            gu = a @ wgu
-            h = h + (F.silu(gu[:, : self.I]) * gu[:, self.I :]) @ wd
+            gu = F.linear(a, wgu)
+            h = h + F.linear(F.silu(gu[:, : self.I]) * gu[:, self.I :], wd)
         return _rms_norm(h, self.final_w, self.eps).view(B, T, -1)
 
 

@@ -3,7 +3,8 @@
 Unsupervised: ``random``, ``bm25`` (over inputs), ``sbert`` (frozen encoder, cosine; KATE).
 Learned: ``epr`` (trained dual encoder, inner product over a faiss index); ``dr-bm25`` is the same class
 pointed at an encoder trained on BM25 labels. Oracles (they see the gold output; never a fair baseline):
-``bm25-oracle`` (BM25 over outputs with the gold y).
+``bm25-oracle`` (BM25 over outputs with the gold y) and ``lm-oracle`` (those candidates re-ranked by the scoring LM's
+log p(y_test | e, x_test), the label-generation score applied to the test example).
 """
 
 from __future__ import annotations
@@ -16,9 +17,16 @@ from epr.bm25 import BM25Index
 from epr.index import build_index, search
 from epr.types import Example
 
-__all__ = ["RandomRetriever", "BM25Retriever", "DenseRetriever", "make_retriever", "ORACLES"]
+__all__ = [
+    "RandomRetriever",
+    "BM25Retriever",
+    "DenseRetriever",
+    "LMOracleRetriever",
+    "make_retriever",
+    "ORACLES",
+]
 
-ORACLES = {"bm25-oracle"}
+ORACLES = {"bm25-oracle", "lm-oracle"}
 
 
 def _drop_excluded(ids: np.ndarray, exclude: np.ndarray | None, k: int) -> np.ndarray:
@@ -80,10 +88,37 @@ class DenseRetriever:
         return _drop_excluded(ids, exclude, k)
 
 
-def make_retriever(
-    name: str, pool: Sequence[Example], task, cfg, run_dir, encoders: dict
-) -> DenseRetriever | BM25Retriever | RandomRetriever:
-    """Build a retriever by name. ``encoders`` caches loaded models between retrievers."""
+class LMOracleRetriever:
+    """BM25-Oracle's top ``L`` candidates, re-ranked by the scoring LM with the gold output (ties by id).
+
+    Costs ``L`` scored sequences per query, like label generation; returns ``min(k, L)`` ids."""
+
+    name, is_oracle = "lm-oracle", True
+
+    def __init__(self, pool: Sequence[Example], task, scorer, L: int = 50, backend: str = "bm25s"):
+        self.pool, self.task, self.scorer, self.L = pool, task, scorer, L
+        self.first = BM25Retriever(pool, "output", backend, oracle=True)
+
+    def retrieve(self, queries, k, exclude=None):
+        cand = self.first.retrieve(queries, max(k, self.L), exclude)
+        t = self.task
+        ctx = [
+            t.format_demo(self.pool[c]) + t.format_query(q.input)
+            for q, row in zip(queries, cand)
+            for c in row
+        ]
+        tgt = [t.format_target(q.output) for q, row in zip(queries, cand) for _ in row]
+        pairs = self.scorer.encode(ctx, tgt)
+        s = np.full(len(pairs), -np.inf)  # a candidate too long for the LM's context ranks last
+        ok = sorted(set(range(len(pairs))) - set(self.scorer.too_long(pairs)))
+        s[ok] = self.scorer.score_ids([pairs[i] for i in ok])
+        s = s.reshape(cand.shape)
+        order = np.lexsort((cand, -s), axis=1)  # best score first, ties by id
+        return np.take_along_axis(cand, order, axis=1)[:, :k]
+
+
+def make_retriever(name: str, pool: Sequence[Example], task, cfg, run_dir, encoders: dict):
+    """Build a retriever by name. ``encoders`` caches loaded models (encoders, the scoring LM) between retrievers."""
     from epr.encoder import DualEncoder
     from epr.models import load_encoder
 
@@ -93,6 +128,15 @@ def make_retriever(
         return BM25Retriever(pool, "input", cfg.candidates.backend)
     if name == "bm25-oracle":
         return BM25Retriever(pool, "output", cfg.candidates.backend, oracle=True)
+    if name == "lm-oracle":
+        from epr.models import load_lm
+        from epr.scoring import LMScorer
+
+        key = f"lm:{cfg.models.lm}"
+        if key not in encoders:
+            encoders[key] = load_lm(cfg.models.lm, cfg.models.cache_dir, cfg.models.dtype)
+        scorer = LMScorer(*encoders[key], batch_tokens=cfg.scoring.batch_tokens, forward=cfg.scoring.forward)
+        return LMOracleRetriever(pool, task, scorer, cfg.candidates.L, cfg.candidates.backend)
     if name == "sbert":
         st = encoders.setdefault("sbert", load_encoder(cfg.models.encoder, cfg.models.cache_dir))
 
@@ -109,4 +153,6 @@ def make_retriever(
         return DenseRetriever(
             name, pool_emb, lambda texts: de.encode(list(texts), "query"), cfg.retrieve.index_factory
         )
-    raise ValueError(f"unknown retriever {name!r}; known: random, bm25, sbert, epr, dr-bm25, bm25-oracle")
+    raise ValueError(
+        f"unknown retriever {name!r}; known: random, bm25, sbert, epr, dr-bm25, bm25-oracle, lm-oracle"
+    )

@@ -114,8 +114,10 @@ def run(a: argparse.Namespace) -> int:
         sweep = []
         for ld in [float(x) for x in a.sweep.split(",")]:
             ctxs, sets = contexts("rel+div+bias", ld)
+            # lambda_d = the run's own value is the rel+div+bias variant, and 1 is rel+bias: reuse their rows
+            name = {a.lambda_d: "rel+div+bias", 1.0: "rel+bias"}.get(ld, f"sweep_{ld:g}")
             summ, _ = evaluate_variant(
-                scorer, data, ctxs, empty, out / f"sweep_{ld:g}_n{len(subset)}.jsonl", desc=f"lambda_d={ld:g}"
+                scorer, data, ctxs, empty, out / f"{name}_n{len(subset)}.jsonl", desc=f"lambda_d={ld:g}"
             )
             sweep.append({"lambda_d": ld, "cosine": mean_pairwise_cosine(icl_emb, sets), **summ})
         _write_sweep(out, sweep, a, len(subset))

@@ -26,3 +26,17 @@ def test_defaults_and_overrides(tmp_path):
 def test_bad_values_are_named(override, match):
     with pytest.raises(ValueError, match=match):
         load_config([], [override])
+
+
+@pytest.mark.parametrize(
+    "bad,msg",
+    [
+        ("bm26", "unknown retriever 'bm26'"),
+        ("epr+diversity", "unknown retriever"),
+        ("bm25+div", "needs a dense first stage"),
+    ],
+)
+def test_retriever_names_checked_at_load(bad, msg):
+    with pytest.raises(ValueError, match=msg):
+        load_config([], [f"retrieve.retrievers=epr,{bad}"])
+    load_config([], ["retrieve.retrievers=random,bm25,sbert+div,epr+div+bias,lm-oracle"])

@@ -5,7 +5,7 @@ from epr.config import DataConfig, load_config
 from epr.evaluation import mean_ci
 from epr.index import brute_force, build_index, search
 from epr.prompts import build_prompt
-from epr.retrievers import BM25Retriever, DenseRetriever, RandomRetriever, make_retriever
+from epr.retrievers import BM25Retriever, DenseRetriever, LMOracleRetriever, RandomRetriever, make_retriever
 from epr.tasks import get_task
 
 
@@ -39,7 +39,7 @@ def demo():
 
 
 @pytest.fixture(scope="module")
-def all_retrievers(demo, tmp_path_factory, minilm_dir):
+def all_retrievers(demo, tmp_path_factory, minilm_dir, tiny_lm_dir):
     from epr.encoder import DualEncoder
 
     task, pool, _ = demo
@@ -47,10 +47,9 @@ def all_retrievers(demo, tmp_path_factory, minilm_dir):
     DualEncoder.from_pretrained(minilm_dir).save_pretrained(
         run / "encoder" / "model"
     )  # an untrained EPR encoder
-    cfg = load_config([], [f"models.encoder={minilm_dir}"])
-    return [
-        make_retriever(n, pool, task, cfg, run, {}) for n in ("random", "bm25", "sbert", "epr", "bm25-oracle")
-    ]
+    cfg = load_config([], [f"models.encoder={minilm_dir}", f"models.lm={tiny_lm_dir}", "candidates.L=12"])
+    names = ("random", "bm25", "sbert", "epr", "bm25-oracle", "lm-oracle")
+    return [make_retriever(n, pool, task, cfg, run, {}) for n in names]
 
 
 def test_retriever_contract(demo, all_retrievers):
@@ -66,8 +65,28 @@ def test_retriever_contract(demo, all_retrievers):
                 len(set(row.tolist())) == 8 and q.idx not in row and row.min() >= 0 and row.max() < len(pool)
             ), r.name
         np.testing.assert_array_equal(a, r.retrieve(queries, 8, exclude=exclude))
-        assert r.is_oracle == (r.name == "bm25-oracle")
-    assert {type(r) for r in all_retrievers} == {RandomRetriever, BM25Retriever, DenseRetriever}
+        assert r.is_oracle == r.name.endswith("-oracle")
+    assert {type(r) for r in all_retrievers} == {
+        RandomRetriever,
+        BM25Retriever,
+        DenseRetriever,
+        LMOracleRetriever,
+    }
+
+
+def test_lm_oracle_reorders_bm25_oracle_candidates_by_lm_score(demo, all_retrievers):
+    task, pool, _ = demo
+    bm25o, lmo = all_retrievers[-2], all_retrievers[-1]
+    q = pool[:3]
+    got = lmo.retrieve(q, 12)
+    cand = bm25o.retrieve(q, 12)
+    for i in range(3):
+        assert set(got[i].tolist()) == set(cand[i].tolist())  # the same candidates, re-ranked
+        s = lmo.scorer.score(
+            [task.format_demo(pool[c]) + task.format_query(q[i].input) for c in got[i]],
+            [task.format_target(q[i].output)] * 12,
+        )
+        assert np.all(np.diff(s) <= 1e-9)  # best LM score first
 
 
 def test_prompt_never_exceeds_budget(demo):
