@@ -102,11 +102,13 @@ def run(a: argparse.Namespace) -> int:
         # most relevant demonstration right before the question
         return ["".join(demo_text(full.icl[j][1], full.icl[j][2]) for j in reversed(s)) for s in sets], sets
 
-    results = {}
+    results, rows_by = {}, {}
     for v in [x for x in a.variants.split(",") if x]:
         ctxs, sets = contexts(v, a.lambda_d)
-        summ, _ = evaluate_variant(scorer, data, ctxs, empty, out / f"{v}_n{len(subset)}.jsonl", desc=v)
+        summ, rows_v = evaluate_variant(scorer, data, ctxs, empty, out / f"{v}_n{len(subset)}.jsonl", desc=v)
         summ["mean_pairwise_cosine"] = mean_pairwise_cosine(icl_emb, sets) if sets else None
+        summ.update(_intervals(rows_v, rows_by.get("fix")))
+        rows_by[v] = rows_v
         results[v] = summ
     if results:
         _write_results(out, results, a, len(subset), len(full.icl), len(full.dpo))
@@ -124,6 +126,16 @@ def run(a: argparse.Namespace) -> int:
     return 0
 
 
+def _intervals(rows: list[dict], fix_rows: list[dict] | None) -> dict:
+    """95% bootstrap intervals over questions: MC1, paper-MC3, and (paired, same questions) MC1 minus Fix's."""
+    from epr.evaluation import mean_ci
+
+    out = {f"{m}_ci": mean_ci([r[m] for r in rows])[1:] for m in ("mc1", "paper_mc3")}
+    if fix_rows is not None:
+        out["mc1_minus_fix_ci"] = mean_ci([r["mc1"] - f["mc1"] for r, f in zip(rows, fix_rows)])[1:]
+    return out
+
+
 def _write_results(out: Path, res: dict, a, n: int, n_icl: int, n_dpo: int) -> None:
     (out / "results.json").write_text(json.dumps(res, indent=2) + "\n")
     lines = [
@@ -134,14 +146,26 @@ def _write_results(out: Path, res: dict, a, n: int, n_icl: int, n_dpo: int) -> N
         "Naming: paper-MC2 = official MC3 (fraction of true answers above every false one); paper-MC3 = official MC2 "
         "(normalised true-answer probability mass). DPO is averaged over triplets (x100 would be the paper's scale? see note).",
         "",
-        "| variant | DPO | MC1 | paper-MC2 (=official MC3) | paper-MC3 (=official MC2) | mean pairwise cos | paper Mistral-7B (DPO, MC1, MC2, MC3) | paper Llama-3-8B |",
-        "|---|---|---|---|---|---|---|---|",
+        "95% bootstrap intervals over questions in brackets; 'MC1 - Fix' is paired on the same questions.",
+        "",
+        "| variant | DPO | MC1 | MC1 - Fix | paper-MC2 (=official MC3) | paper-MC3 (=official MC2) | mean pairwise cos | paper Mistral-7B (DPO, MC1, MC2, MC3) | paper Llama-3-8B |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
+
+    def ci(s: dict, key: str) -> str:
+        lo, hi = s.get(key, (float("nan"), float("nan")))
+        return f"[{lo:.2f}, {hi:.2f}]"
+
     for v, s in res.items():
         cos = "" if s["mean_pairwise_cosine"] is None else f"{s['mean_pairwise_cosine']:.3f}"
+        d = (
+            ""
+            if "mc1_minus_fix_ci" not in s or v == "fix"
+            else f"{s['mc1'] - res['fix']['mc1']:+.2f} {ci(s, 'mc1_minus_fix_ci')}"
+        )
         lines.append(
-            f"| {v} | {s['dpo']:.4f} | {s['mc1']:.4f} | {s['paper_mc2']:.4f} | {s['paper_mc3']:.4f} | {cos} | "
-            f"{PAPER['Mistral-7B'].get(v)} | {PAPER['Llama-3-8B'].get(v)} |"
+            f"| {v} | {s['dpo']:.4f} | {s['mc1']:.3f} {ci(s, 'mc1_ci')} | {d} | {s['paper_mc2']:.4f} | "
+            f"{s['paper_mc3']:.3f} {ci(s, 'paper_mc3_ci')} | {cos} | {PAPER['Mistral-7B'].get(v)} | {PAPER['Llama-3-8B'].get(v)} |"
         )
     (out / "results.md").write_text("\n".join(lines) + "\n")
 

@@ -36,7 +36,7 @@ def tiny_lm_dir(tmp_path_factory, minilm_dir) -> str:
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
-        max_position_embeddings=128,
+        max_position_embeddings=512,
         bos_token_id=tok.cls_token_id,
         eos_token_id=tok.sep_token_id,
         pad_token_id=tok.pad_token_id,

@@ -37,8 +37,8 @@ def test_batch_composition_does_not_change_scores(tiny_lm):
 
 def test_too_long_sequence_is_a_clear_error(tiny_lm):
     model, tok = tiny_lm
-    with pytest.raises(SequenceTooLong, match="exceed the model context of 128"):
-        LMScorer(model, tok).score(["word " * 200], ["x\n"])
+    with pytest.raises(SequenceTooLong, match="exceed the model context of 512"):
+        LMScorer(model, tok).score(["word " * 600], ["x\n"])
 
 
 def test_empty_target_is_an_error(tiny_lm):

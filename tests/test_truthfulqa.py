@@ -82,3 +82,42 @@ def test_shared_prefix_equals_from_scratch_and_eval_runs(tiny_lm, tmp_path):
     assert summ["dpo"] == pytest.approx(math.log(0.5), abs=1e-4)  # empty context vs empty context: z = 0
     again, _ = evaluate_variant(s, data, [""] * 4, empty, tmp_path / "v.jsonl")  # resumed from the file
     assert again == summ and summ["questions"] == 4 and summ["dpo_triplets"] == 8
+
+
+def test_cli_six_variants_and_sweep_end_to_end(tmp_path, tiny_lm_dir, minilm_dir):
+    """`epr truthfulqa` on a tiny data folder with a tiny LM: the table, intervals, the sweep and its plot; a rerun
+    reuses every per-question row (the sweep's lambda_d = 0.75 and 1 reuse the rel+div+bias and rel+bias rows)."""
+    import json
+
+    from epr.cli import main
+
+    (tmp_path / "truthfulqa").mkdir()
+    with open(tmp_path / "truthfulqa" / "truthfulqa.2021-10.jsonl", "w") as f:
+        for r in ROWS:
+            f.write(json.dumps(r) + "\n")
+    args = [
+        "truthfulqa",
+        "--data-dir",
+        str(tmp_path),
+        "--lm",
+        tiny_lm_dir,
+        "--encoder",
+        minilm_dir,
+        "--k",
+        "2",
+        "--out",
+        str(tmp_path / "out"),
+        "--sweep",
+        "0.5,0.75,1.0",
+    ]
+    assert main(args) == 0
+    out = tmp_path / "out"
+    res = json.loads((out / "results.json").read_text())
+    assert list(res) == ["fix", "bias", "rel", "rel+bias", "rel+div", "rel+div+bias"]
+    assert all(0 <= v["mc1"] <= 1 and v["questions"] == 4 and len(v["mc1_ci"]) == 2 for v in res.values())
+    assert "MC1 - Fix" in (out / "results.md").read_text()
+    sweep = json.loads((out / "sweep.json").read_text())
+    assert [s["lambda_d"] for s in sweep] == [0.5, 0.75, 1.0]
+    assert sweep[1]["mc1"] == res["rel+div+bias"]["mc1"] and sweep[2]["mc1"] == res["rel+bias"]["mc1"]
+    assert (out / "sweep.png").stat().st_size > 0
+    assert not (out / "sweep_0.75_n4.jsonl").exists() and (out / "sweep_0.5_n4.jsonl").exists()
