@@ -91,8 +91,8 @@ SmolLM2-135M-Instruct ({next(model.parameters()).dtype}), {len(subset)} seeded q
 | from scratch (batched scorer, every prompt + answer) | {n_scratch} | {t_scratch:.1f} | {len(subset) / t_scratch:.2f} | {t_scratch * 817 / len(subset) / 60:.1f} min |
 | shared prefix (prompt once, answers on its KV cache) | {raw["tokens_forwarded_shared"]} | {t_shared:.1f} | {len(subset) / t_shared:.2f} | {t_shared * 817 / len(subset) / 60:.1f} min |
 
-**Speed-up: {raw["speedup"]:.2f}x.** The two agree to {raw["max_abs_diff"]:.3f} nats at most per answer (mean
-{raw["mean_abs_diff"]:.4f}: float rounding differs between the two batch shapes).
+**Speed-up: {raw["speedup"]:.2f}x.** The two agree to {raw["max_abs_diff"]:.1e} nats at most per answer (mean
+{raw["mean_abs_diff"]:.1e}: float rounding differs between the two batch shapes).
 A whole variant needs this once per question; the empty-context scores (for DPO) once in all.
 """
     save("truthfulqa", raw, md)
