@@ -25,3 +25,7 @@ lint:
 bench:
 	$(PY) -m benchmarks.bm25
 	$(PY) -m benchmarks.scoring
+	$(PY) -m benchmarks.forward
+	$(PY) -m benchmarks.truthfulqa
+	$(PY) -m benchmarks.retrieval
+	$(PY) -m benchmarks.training

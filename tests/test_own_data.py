@@ -26,29 +26,32 @@ ROWS = [
 ]
 
 
-def test_own_csv_to_retrieve(tmp_path, minilm_dir):
+def own_config(tmp_path, minilm_dir, *extra: str):
+    """A small own-data run: BM25 labels (no LM needed), one short training epoch."""
     p = write_csv(tmp_path / "mine.csv", ROWS)
-    cfg = load_config(
-        [],
-        [
-            f"run_root={tmp_path}",
-            "name=mine",
-            "data.task=jsonl",
-            f"data.path={p}",
-            "data.input_field=question",
-            "data.output_field=answer",
-            "data.eval_size=4",
-            "labels.source=bm25",
-            "candidates.L=6",
-            "labels.k_pos=2",
-            "labels.k_neg=2",
-            f"models.encoder={minilm_dir}",
-            "train.batch_size=4",
-            "train.epochs=1",
-            "train.dev_size=2",
-            "train.chunk_size=0",
-        ],
-    )
+    sets = [
+        f"run_root={tmp_path}",
+        "name=mine",
+        "data.task=jsonl",
+        f"data.path={p}",
+        "data.input_field=question",
+        "data.output_field=answer",
+        "data.eval_size=4",
+        "labels.source=bm25",
+        "candidates.L=6",
+        "labels.k_pos=2",
+        "labels.k_neg=2",
+        f"models.encoder={minilm_dir}",
+        "train.batch_size=4",
+        "train.epochs=1",
+        "train.dev_size=2",
+        "train.chunk_size=0",
+    ]
+    return load_config([], [*sets, *extra])
+
+
+def test_own_csv_to_retrieve(tmp_path, minilm_dir):
+    cfg = own_config(tmp_path, minilm_dir)
     ctx = Context(cfg)
     assert pipeline.run(ctx, until="encoder")[-1] == "encoder"
     r = PromptRetriever.from_run(tmp_path / "mine")
@@ -67,33 +70,15 @@ def test_own_csv_compare_with_ragsys_rows(tmp_path, minilm_dir, tiny_lm_dir):
     """The comparison stage on own data, fast: tiny random LM, every retriever kind, RAGSys rows with quality bias."""
     import json
 
-    p = write_csv(tmp_path / "mine.csv", ROWS)
     names = ["random", "bm25", "sbert", "epr", "epr+div", "epr+div+bias", "bm25-oracle"]
-    cfg = load_config(
-        [],
-        [
-            f"run_root={tmp_path}",
-            "name=mine",
-            "data.task=jsonl",
-            f"data.path={p}",
-            "data.input_field=question",
-            "data.output_field=answer",
-            "data.eval_size=4",
-            "labels.source=bm25",
-            "candidates.L=6",
-            "labels.k_pos=2",
-            "labels.k_neg=2",
-            f"models.encoder={minilm_dir}",
-            f"models.lm={tiny_lm_dir}",
-            "train.batch_size=4",
-            "train.epochs=1",
-            "train.dev_size=2",
-            "train.chunk_size=0",
-            "generate.max_new_tokens=6",
-            "retrieve.k=8",
-            "retrieve.max_demos=3",
-            f"retrieve.retrievers={','.join(names)}",
-        ],
+    cfg = own_config(
+        tmp_path,
+        minilm_dir,
+        f"models.lm={tiny_lm_dir}",
+        "generate.max_new_tokens=6",
+        "retrieve.k=8",
+        "retrieve.max_demos=3",
+        f"retrieve.retrievers={','.join(names)}",
     )
     ctx = Context(cfg)
     assert pipeline.run(ctx, until="compare")[-1] == "compare"
