@@ -40,17 +40,23 @@ def quality_bias(
 ) -> np.ndarray:
     """``(n,) float32`` mean token log-prob of each target after its context (SPEC 3.2); cached at ``cache``.
 
-    A cache whose length differs from ``n`` is recomputed (the pool changed)."""
-    if cache is not None and cache.exists():
-        b = load_npy(cache)
-        if len(b) == len(targets):
-            return b
-        log.info("quality cache %s has %d rows, pool has %d: recomputing", cache, len(b), len(targets))
+    The cache is keyed by a digest of the texts (a sidecar ``.sha256``), so a changed pool, even one of the same
+    size, is recomputed rather than served stale."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for c, t in zip(contexts, targets):
+        h.update(c.encode() + b"\0" + t.encode() + b"\1")
+    digest = h.hexdigest()
+    stamp = None if cache is None else Path(str(cache) + ".sha256")
+    if cache is not None and cache.exists() and stamp.exists() and stamp.read_text().strip() == digest:
+        return load_npy(cache)
     sums = scorer.score(list(contexts), list(targets))
     n = np.array([max(len(scorer.tok(t, add_special_tokens=False)["input_ids"]), 1) for t in targets])
     b = (sums / n).astype(np.float32)
     if cache is not None:
         save_npy(cache, b)
+        stamp.write_text(digest + "\n")
     return b
 
 
