@@ -50,6 +50,7 @@ class ModelsConfig:
     encoder: str = "minilm"  # dual-encoder init and SBERT baseline
     cache_dir: str | None = None  # where converted models live; default ~/.cache/epr (or $EPR_CACHE)
     dtype: str = "auto"  # auto | bf16 | fp32
+    pack_linear: str = "auto"  # auto | on | off: LM linears pre-packed for oneDNN on CPU (auto: fp32 only)
 
 
 @dataclass(frozen=True)
@@ -153,6 +154,7 @@ _CHOICES = {
     ("candidates", "backend"): {"bm25s", "rank_bm25"},
     ("labels", "source"): {"lm", "bm25"},
     ("models", "dtype"): {"auto", "bf16", "fp32"},
+    ("models", "pack_linear"): {"auto", "on", "off"},
     ("train", "mixed_precision"): {"no", "bf16"},
 }
 

@@ -9,7 +9,8 @@ same function with fewer passes over memory:
 - q, k, v come from one fused projection, gate and up from another (the weights are concatenated once);
 - RMSNorm reads the bf16 activations once for the fp32 norm and writes the normalised bf16 result in one pass;
 - rotary embedding is ``x * cos + roll(x) * sin_signed`` (one ``roll``, one ``addcmul``), on q and k together;
-- attention is PyTorch's fused ``scaled_dot_product_attention`` with ``is_causal`` and grouped key/value heads.
+- attention is PyTorch's fused ``scaled_dot_product_attention`` with ``is_causal`` and grouped key/value heads;
+- where the model's linears were packed for oneDNN (``epr.cpu_linear``, fp32 on CPU), the fused weights are too.
 
 Numerics follow the HF code (RMSNorm in fp32, cos/sin from the model's own rotary module, so every rope variant the
 model supports is honoured); results agree to float rounding (tested against ``transformers``). Models this does
@@ -23,6 +24,8 @@ import logging
 
 import torch
 import torch.nn.functional as F
+
+from epr.cpu_linear import PackedLinear, linear_fn
 
 __all__ = ["FastLlama", "fast_backbone"]
 
@@ -60,6 +63,13 @@ class FastLlama(torch.nn.Module):
         self.rotary = base.rotary_emb
         self.final_w = base.norm.weight
         self.scale = base.layers[0].self_attn.scaling
+        # the fused projections are packed for oneDNN when the model's own linears were (epr.cpu_linear)
+        packed = isinstance(base.layers[0].self_attn.q_proj, PackedLinear)
+        self.packed = packed
+
+        def lin(w: torch.Tensor):
+            return linear_fn(w, "on" if packed else "off")
+
         self.layers = []
         with torch.no_grad():
             for layer in base.layers:
@@ -67,11 +77,11 @@ class FastLlama(torch.nn.Module):
                 self.layers.append(
                     (
                         layer.input_layernorm.weight,
-                        torch.cat([at.q_proj.weight, at.k_proj.weight, at.v_proj.weight]),
-                        at.o_proj.weight,
+                        lin(torch.cat([at.q_proj.weight, at.k_proj.weight, at.v_proj.weight])),
+                        lin(at.o_proj.weight),
                         layer.post_attention_layernorm.weight,
-                        torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]),
-                        mlp.down_proj.weight,
+                        lin(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])),
+                        lin(mlp.down_proj.weight),
                     )
                 )
 
@@ -89,17 +99,17 @@ class FastLlama(torch.nn.Module):
         nq, nk = H * D, Hkv * D
         for ln1, wqkv, wo, ln2, wgu, wd in self.layers:
             a = _rms_norm(h, ln1, self.eps)
-            qkv = F.linear(a, wqkv)
+            qkv = wqkv(a)
             qk = qkv[:, : nq + nk].view(B, T, H + Hkv, D)
             qk = torch.addcmul(qk * cos, qk.roll(half, dims=-1), sin)
             q = qk[:, :, :H].transpose(1, 2)
             k = qk[:, :, H:].transpose(1, 2)
             v = qkv[:, nq + nk :].view(B, T, Hkv, D).transpose(1, 2)
             o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale, enable_gqa=Hkv != H)
-            h = h + F.linear(o.transpose(1, 2).reshape(B * T, nq), wo)
+            h = h + wo(o.transpose(1, 2).reshape(B * T, nq))
             a = _rms_norm(h, ln2, self.eps)
-            gu = F.linear(a, wgu)
-            h = h + F.linear(F.silu(gu[:, : self.I]) * gu[:, self.I :], wd)
+            gu = wgu(a)
+            h = h + wd(F.silu(gu[:, : self.I]) * gu[:, self.I :])
         return _rms_norm(h, self.final_w, self.eps).view(B, T, -1)
 
 

@@ -79,7 +79,12 @@ def _quality(ctx) -> np.ndarray:
     from epr.rerank import pool_quality
 
     cfg = ctx.cfg
-    model, tok = load_lm(cfg.models.inference_lm or cfg.models.lm, cfg.models.cache_dir, cfg.models.dtype)
+    model, tok = load_lm(
+        cfg.models.inference_lm or cfg.models.lm,
+        cfg.models.cache_dir,
+        cfg.models.dtype,
+        pack=cfg.models.pack_linear,
+    )
     out = ctx.stage_dir("compare")
     out.mkdir(parents=True, exist_ok=True)
     return pool_quality(model, tok, ctx.task, ctx.examples("pool"), cfg, out)

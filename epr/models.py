@@ -166,8 +166,11 @@ def pick_dtype(dtype: str = "auto", device: str | torch.device = "cpu") -> torch
     return torch.bfloat16 if ("amx_bf16" in flags or "avx512_bf16" in flags) else torch.float32
 
 
-def load_lm(name: str, cache: str | None = None, dtype: str = "auto", device: str = "cpu"):
-    """Load (model, tokenizer) for a causal LM; tokenizer pads on the right, model in eval mode."""
+def load_lm(
+    name: str, cache: str | None = None, dtype: str = "auto", device: str = "cpu", pack: str = "auto"
+):
+    """Load (model, tokenizer) for a causal LM, for inference: tokenizer pads on the right, model in eval mode,
+    its linear layers packed for oneDNN where ``pack`` allows (``epr.cpu_linear``: fp32 on CPU under ``auto``)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = resolve_lm(name, cache)
@@ -177,6 +180,9 @@ def load_lm(name: str, cache: str | None = None, dtype: str = "auto", device: st
         tok.pad_token = tok.eos_token
     model = AutoModelForCausalLM.from_pretrained(path, dtype=pick_dtype(dtype, device))
     model.to(device).eval()
+    from epr.cpu_linear import pack_linears
+
+    pack_linears(model, pack)
     return model, tok
 
 

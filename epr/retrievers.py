@@ -134,7 +134,9 @@ def make_retriever(name: str, pool: Sequence[Example], task, cfg, run_dir, encod
 
         key = f"lm:{cfg.models.lm}"
         if key not in encoders:
-            encoders[key] = load_lm(cfg.models.lm, cfg.models.cache_dir, cfg.models.dtype)
+            encoders[key] = load_lm(
+                cfg.models.lm, cfg.models.cache_dir, cfg.models.dtype, pack=cfg.models.pack_linear
+            )
         scorer = LMScorer(*encoders[key], batch_tokens=cfg.scoring.batch_tokens, forward=cfg.scoring.forward)
         return LMOracleRetriever(pool, task, scorer, cfg.candidates.L, cfg.candidates.backend)
     if name == "sbert":

@@ -35,7 +35,12 @@ def run_compare(ctx: Context, out: Path, fp: str) -> dict:
     if rc.eval_limit is not None and rc.eval_limit < len(ev):
         keep = np.sort(np.random.default_rng(cfg.seed).choice(len(ev), rc.eval_limit, replace=False))
         ev = [ev[i] for i in keep]  # ids stay those of the eval split
-    model, tok = load_lm(cfg.models.inference_lm or cfg.models.lm, cfg.models.cache_dir, cfg.models.dtype)
+    model, tok = load_lm(
+        cfg.models.inference_lm or cfg.models.lm,
+        cfg.models.cache_dir,
+        cfg.models.dtype,
+        pack=cfg.models.pack_linear,
+    )
     count = lambda s: len(tok(s, add_special_tokens=False)["input_ids"])  # noqa: E731
     gen = Generator(model, tok, cfg.generate.max_new_tokens, cfg.generate.batch_size, task.stop)
     encoders: dict = {}

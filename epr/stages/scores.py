@@ -29,7 +29,7 @@ def build_scorer(ctx: Context) -> LMScorer:
     device = "cuda" if _cuda() else "cpu"
     if ctx.dist.world > 1 and device == "cuda":
         device = f"cuda:{ctx.dist.rank}"
-    model, tok = load_lm(m.lm, m.cache_dir, m.dtype, device)
+    model, tok = load_lm(m.lm, m.cache_dir, m.dtype, device, pack=m.pack_linear)
     sc = ctx.cfg.scoring
     return LMScorer(model, tok, batch_tokens=sc.batch_tokens, forward=sc.forward, compile=sc.compile)
 
