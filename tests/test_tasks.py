@@ -35,6 +35,19 @@ def test_empty_output_skipped_and_counted(tmp_path):
     assert [e.idx for e in pool] == list(range(len(pool)))
 
 
+def test_many_skips_logged_a_few_then_summarised(tmp_path, caplog):
+    rows = [{"input": f"q{i}", "output": "" if i % 2 else f"a{i}"} for i in range(40)]
+    p = tmp_path / "d.jsonl"
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    task = get_task(DataConfig(task="jsonl", path=str(p), eval_size=2))
+    with caplog.at_level("WARNING"):
+        task.load()
+    assert len(task.report.skipped) == 20  # every row is still named in the report
+    assert sum("skipping" in m for m in caplog.messages) == task.report.LOG_EACH
+    assert any("kept 20 rows, skipped 20 (20 empty output)" in m for m in caplog.messages)
+    assert task.report.to_json()["skipped_by_reason"] == {"empty output": 20}
+
+
 def test_csv_missing_column(tmp_path):
     p = tmp_path / "d.csv"
     p.write_text("question,answer\nhi,there\n")

@@ -7,7 +7,7 @@ import logging
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -52,13 +52,29 @@ class LoadReport:
 
     kept: int = 0
     skipped: list[str] = field(default_factory=list)
+    reasons: dict[str, int] = field(default_factory=dict)
+    LOG_EACH: ClassVar[int] = 3  # rows logged one by one per reason; the rest are counted in the summary
 
     def skip(self, where: str, why: str) -> None:
         self.skipped.append(f"{where}: {why}")
-        log.warning("skipping %s: %s", where, why)
+        n = self.reasons[why] = self.reasons.get(why, 0) + 1
+        if n <= self.LOG_EACH:
+            log.warning("skipping %s: %s", where, why)
+        elif n == self.LOG_EACH + 1:
+            log.warning("more rows skipped for %r: counted, and summarised when loading ends", why)
+
+    def summary(self) -> str:
+        """One line: how many rows were skipped, for which reasons."""
+        parts = ", ".join(f"{n} {why}" for why, n in self.reasons.items())
+        return f"kept {self.kept} rows, skipped {len(self.skipped)}" + (f" ({parts})" if parts else "")
 
     def to_json(self) -> dict[str, Any]:
-        return {"kept": self.kept, "skipped": len(self.skipped), "skipped_rows": self.skipped[:200]}
+        return {
+            "kept": self.kept,
+            "skipped": len(self.skipped),
+            "skipped_by_reason": dict(self.reasons),
+            "skipped_rows": self.skipped[:200],
+        }
 
 
 def read_table(path: str | Path, input_field: str, output_field: str) -> Iterable[tuple[dict[str, Any], str]]:
@@ -133,6 +149,8 @@ class Task:
             ev = [Example(i, ev[j].input, ev[j].output, ev[j].meta) for i, j in enumerate(keep)]
         if not pool:
             raise InputError(f"task {self.name}: the demonstration pool is empty")
+        if self.report.skipped:
+            log.warning("task %s: %s", self.name, self.report.summary())
         return pool, ev
 
     def _finalise(self, rows: Sequence[RawRow], limit: int | None) -> list[Example]:
