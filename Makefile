@@ -26,6 +26,7 @@ bench:
 	$(PY) -m benchmarks.bm25
 	$(PY) -m benchmarks.scoring
 	$(PY) -m benchmarks.forward
+	$(PY) -m benchmarks.generate
 	$(PY) -m benchmarks.truthfulqa
 	$(PY) -m benchmarks.retrieval
 	$(PY) -m benchmarks.training
