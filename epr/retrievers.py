@@ -2,13 +2,14 @@
 
 Unsupervised: ``random``, ``bm25`` (over inputs), ``sbert`` (frozen encoder, cosine; KATE).
 Learned: ``epr`` (trained dual encoder, inner product over a faiss index); ``dr-bm25`` is the same class
-pointed at an encoder trained on BM25 labels. Oracles (they see the gold output; never a fair baseline):
+pointed at an encoder trained on BM25 labels (a sub-run in ``<run_dir>/dr-bm25/``, trained on first use). Oracles (they see the gold output; never a fair baseline):
 ``bm25-oracle`` (BM25 over outputs with the gold y) and ``lm-oracle`` (those candidates re-ranked by the scoring LM's
 log p(y_test | e, x_test), the label-generation score applied to the test example).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 import numpy as np
@@ -27,6 +28,8 @@ __all__ = [
 ]
 
 ORACLES = {"bm25-oracle", "lm-oracle"}
+
+log = logging.getLogger(__name__)
 
 
 def _drop_excluded(ids: np.ndarray, exclude: np.ndarray | None, k: int) -> np.ndarray:
@@ -117,6 +120,27 @@ class LMOracleRetriever:
         return np.take_along_axis(cand, order, axis=1)[:, :k]
 
 
+def dr_bm25_config(cfg):
+    """DR-BM25's run: this run's config with BM25-ranked labels (no LM scoring), in ``<run_dir>/dr-bm25/``."""
+    import dataclasses
+
+    return dataclasses.replace(
+        cfg, name=f"{cfg.name}/dr-bm25", labels=dataclasses.replace(cfg.labels, source="bm25")
+    )
+
+
+def dr_bm25_encoder(cfg):
+    """The DR-BM25 dual encoder: trained (or reused when fresh) by the sub-run of :func:`dr_bm25_config`:
+    same candidates, positives / negatives ranked by BM25 instead of the LM (SPEC 2.6), same training."""
+    from epr import pipeline
+    from epr.stages.context import Context
+
+    sub = Context(dr_bm25_config(cfg))
+    ran = pipeline.run(sub, until="encoder")
+    log.info("dr-bm25: encoder in %s (%s)", sub.stage_dir("encoder"), "trained" if ran else "fresh, reused")
+    return sub.stage_dir("encoder") / "model"
+
+
 def make_retriever(name: str, pool: Sequence[Example], task, cfg, run_dir, encoders: dict):
     """Build a retriever by name. ``encoders`` caches loaded models (encoders, the scoring LM) between retrievers."""
     from epr.encoder import DualEncoder
@@ -147,7 +171,7 @@ def make_retriever(name: str, pool: Sequence[Example], task, cfg, run_dir, encod
 
         return DenseRetriever("sbert", enc([e.input for e in pool]), enc, cfg.retrieve.index_factory)
     if name in ("epr", "dr-bm25"):
-        path = run_dir / "encoder" / "model"
+        path = run_dir / "encoder" / "model" if name == "epr" else dr_bm25_encoder(cfg)
         if not path.exists():
             raise FileNotFoundError(f"retriever {name}: no trained encoder at {path}; run training first")
         de = encoders.setdefault(str(path), DualEncoder.from_pretrained(str(path)))

@@ -70,7 +70,7 @@ def test_own_csv_compare_with_ragsys_rows(tmp_path, minilm_dir, tiny_lm_dir):
     """The comparison stage on own data, fast: tiny random LM, every retriever kind, RAGSys rows with quality bias."""
     import json
 
-    names = ["random", "bm25", "sbert", "epr", "epr+div", "epr+div+bias", "bm25-oracle"]
+    names = ["random", "bm25", "sbert", "epr", "epr+div", "epr+div+bias", "dr-bm25", "bm25-oracle"]
     cfg = own_config(
         tmp_path,
         minilm_dir,
@@ -88,6 +88,11 @@ def test_own_csv_compare_with_ragsys_rows(tmp_path, minilm_dir, tiny_lm_dir):
     assert all(0 < v["mean_demos"] <= 3 for k, v in res.items())
     q = list((tmp_path / "mine" / "compare").glob("quality_bias.*.npy"))
     assert len(q) == 1  # computed once for the pool, for the +bias row
+    # DR-BM25: its own encoder, trained on BM25-ranked labels of the same candidates, no LM scoring
+    sub = tmp_path / "mine" / "dr-bm25"
+    assert (sub / "encoder" / "model").exists() and not (sub / "scores").exists()
+    lab = json.loads((sub / "labels" / "manifest.json").read_text())
+    assert lab["config"]["labels"]["source"] == "bm25"
 
 
 def test_own_csv_missing_column_is_named(tmp_path, capsys, caplog):
