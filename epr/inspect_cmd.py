@@ -75,16 +75,11 @@ def inspect_query(ctx, query: str, k: int = 5, out=sys.stdout) -> dict:
 
 def _quality(ctx) -> np.ndarray:
     """The pool's quality bias, as the compare stage caches it (computed here if missing)."""
-    from epr.models import load_lm
+    from epr.models import load_lm_for
     from epr.rerank import pool_quality
 
     cfg = ctx.cfg
-    model, tok = load_lm(
-        cfg.models.inference_lm or cfg.models.lm,
-        cfg.models.cache_dir,
-        cfg.models.dtype,
-        pack=cfg.models.pack_linear,
-    )
+    model, tok = load_lm_for(cfg.models, inference=True)
     out = ctx.stage_dir("compare")
     out.mkdir(parents=True, exist_ok=True)
     return pool_quality(model, tok, ctx.task, ctx.examples("pool"), cfg, out)

@@ -186,6 +186,12 @@ def load_lm(
     return model, tok
 
 
+def load_lm_for(models, inference: bool = False, device: str = "cpu"):
+    """:func:`load_lm` with a run's ``models`` config: the scoring LM, or the inference LM when ``inference``."""
+    name = (models.inference_lm or models.lm) if inference else models.lm
+    return load_lm(name, models.cache_dir, models.dtype, device, pack=models.pack_linear)
+
+
 def load_encoder(name: str, cache: str | None = None, device: str = "cpu"):
     """Load a frozen SentenceTransformer (SBERT/KATE baseline, RAGSys embeddings)."""
     from sentence_transformers import SentenceTransformer

@@ -153,14 +153,12 @@ def make_retriever(name: str, pool: Sequence[Example], task, cfg, run_dir, encod
     if name == "bm25-oracle":
         return BM25Retriever(pool, "output", cfg.candidates.backend, oracle=True)
     if name == "lm-oracle":
-        from epr.models import load_lm
+        from epr.models import load_lm_for
         from epr.scoring import LMScorer
 
         key = f"lm:{cfg.models.lm}"
         if key not in encoders:
-            encoders[key] = load_lm(
-                cfg.models.lm, cfg.models.cache_dir, cfg.models.dtype, pack=cfg.models.pack_linear
-            )
+            encoders[key] = load_lm_for(cfg.models)
         scorer = LMScorer(*encoders[key], batch_tokens=cfg.scoring.batch_tokens, forward=cfg.scoring.forward)
         return LMOracleRetriever(pool, task, scorer, cfg.candidates.L, cfg.candidates.backend)
     if name == "sbert":

@@ -28,19 +28,14 @@ log = logging.getLogger(__name__)
 
 def run_compare(ctx: Context, out: Path, fp: str) -> dict:
     from epr.generate import Generator
-    from epr.models import load_lm
+    from epr.models import load_lm_for
 
     cfg, rc = ctx.cfg, ctx.cfg.retrieve
     task, pool, ev = ctx.task, ctx.examples("pool"), ctx.examples("eval")
     if rc.eval_limit is not None and rc.eval_limit < len(ev):
         keep = np.sort(np.random.default_rng(cfg.seed).choice(len(ev), rc.eval_limit, replace=False))
         ev = [ev[i] for i in keep]  # ids stay those of the eval split
-    model, tok = load_lm(
-        cfg.models.inference_lm or cfg.models.lm,
-        cfg.models.cache_dir,
-        cfg.models.dtype,
-        pack=cfg.models.pack_linear,
-    )
+    model, tok = load_lm_for(cfg.models, inference=True)
     count = lambda s: len(tok(s, add_special_tokens=False)["input_ids"])  # noqa: E731
     gen = Generator(model, tok, cfg.generate.max_new_tokens, cfg.generate.batch_size, task.stop)
     encoders: dict = {}

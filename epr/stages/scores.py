@@ -23,13 +23,13 @@ log = logging.getLogger(__name__)
 
 
 def build_scorer(ctx: Context) -> LMScorer:
-    from epr.models import load_lm
+    from epr.models import load_lm_for
 
     m = ctx.cfg.models
     device = "cuda" if _cuda() else "cpu"
     if ctx.dist.world > 1 and device == "cuda":
         device = f"cuda:{ctx.dist.rank}"
-    model, tok = load_lm(m.lm, m.cache_dir, m.dtype, device, pack=m.pack_linear)
+    model, tok = load_lm_for(m, device=device)
     sc = ctx.cfg.scoring
     return LMScorer(model, tok, batch_tokens=sc.batch_tokens, forward=sc.forward, compile=sc.compile)
 
