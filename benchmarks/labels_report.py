@@ -1,6 +1,6 @@
 """Report on a finished label run: time, counts, positives vs negatives for one query, BM25-vs-LM agreement.
 
-python -m benchmarks.labels_report runs/mtop
+python -m benchmarks.labels_report runs/mtop-large
 """
 
 from __future__ import annotations
@@ -85,4 +85,4 @@ Hard negatives (lowest, though BM25 retrieved them):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "runs/mtop")
+    main(sys.argv[1] if len(sys.argv) > 1 else "runs/mtop-large")

@@ -1,89 +1,60 @@
-"""Copy finished run outputs into the committed ``results/`` folder and fill ``docs/RESULTS.md``.
+"""Copy a finished run's comparison and training outputs into the committed ``results/`` folder.
 
-python scripts/collect_results.py
+    python scripts/collect_results.py mtop break smcalflow      # runs/<name>/ -> results/<name>/
+    python scripts/collect_results.py mtop --run-root runs --dest results/mtop
+
+What is copied: the comparison table (Markdown, CSV, JSON), its bar plot, the HTML report and the per-query dump from
+``<run>/compare/``, and the encoder's training history and curve from ``<run>/encoder/``. A run without a finished
+comparison is an error naming the missing file; nothing is overwritten then.
 """
 
 from __future__ import annotations
 
-import json
+import argparse
 import shutil
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+COMPARE_FILES = ("results.md", "results.csv", "results.json", "em.png", "report.html", "per_query.jsonl")
+ENCODER_FILES = {"history.json": "training_history.json", "training_curve.png": "training_curve.png"}
 
 
-def main() -> None:
-    res, docs = ROOT / "results", ROOT / "docs" / "RESULTS.md"
-    text = docs.read_text()
-    cmp_dir = ROOT / "runs" / "mtop" / "compare"
-    if (cmp_dir / "results.md").exists():
-        for f in ("results.md", "results.csv", "results.json", "em.png", "report.html", "per_query.jsonl"):
-            shutil.copy(cmp_dir / f, res / "mtop" / f)
-        text = text.replace(
-            "COMPARE_PLACEHOLDER", (cmp_dir / "results.md").read_text().split("\n", 2)[2] + COMPARE_NOTE
-        )
-    tqa = ROOT / "runs" / "truthfulqa-smollm2"
-    if (tqa / "results.md").exists():
-        for f in ("results.md", "results.json", "sweep.md", "sweep.json", "sweep.png"):
-            if (tqa / f).exists():
-                shutil.copy(tqa / f, res / "truthfulqa" / f)
-        body = (tqa / "results.md").read_text()
-        if (tqa / "sweep.md").exists():
-            body += (
-                "\n"
-                + (tqa / "sweep.md").read_text().replace("# ", "### ")
-                + "\n![sweep](../results/truthfulqa/sweep.png)\n"
-            )
-        text = text.replace("TQA_PLACEHOLDER", body.replace("# TruthfulQA", "### TruthfulQA") + TQA_NOTE)
-    b = ROOT / "benchmarks" / "results"
-    if (b / "scoring.md").exists():
-        text = text.replace("SCORING_PLACEHOLDER", (b / "scoring.md").read_text().split("\n", 2)[2])
-    if (b / "training.md").exists():
-        text = text.replace(
-            "TRAINING_BENCH_PLACEHOLDER",
-            "Training benchmark (`python -m benchmarks.training`):\n\n"
-            + (b / "training.md").read_text().split("\n", 2)[2],
-        )
-    docs.write_text(text)
-    print(
-        json.dumps(
-            {
-                "compare": (cmp_dir / "results.md").exists(),
-                "tqa": (tqa / "results.md").exists(),
-                "scoring": (b / "scoring.md").exists(),
-                "training": (b / "training.md").exists(),
-            }
-        )
-    )
+def collect(run: Path, dest: Path) -> list[str]:
+    """Copy the files; returns what was copied. Raises FileNotFoundError if the comparison is not finished."""
+    if not (run / "compare" / "manifest.json").exists():
+        raise FileNotFoundError(f"{run / 'compare'}: no finished comparison (manifest.json missing)")
+    dest.mkdir(parents=True, exist_ok=True)
+    copied = []
+    for f in COMPARE_FILES:
+        if (run / "compare" / f).exists():
+            shutil.copy(run / "compare" / f, dest / f)
+            copied.append(f)
+    for src, name in ENCODER_FILES.items():
+        if (run / "encoder" / src).exists():
+            shutil.copy(run / "encoder" / src, dest / name)
+            copied.append(name)
+    return copied
 
 
-COMPARE_NOTE = """
-Command: `epr run -c configs/mtop.yaml --until compare` (a seeded 200-example subset of the 500-example
-validation subset; SmolLM2 generates, prompt budget 512 tokens with 80 reserved for the answer, at most 8 demos).
-Per-query choices and predictions: `results/mtop/per_query.jsonl`.
-
-**What this shows, honestly.** The ends match the paper: Random at the bottom, BM25-Oracle clearly on top (43.0).
-Random demonstrations give 0 EM: the small LM cannot produce MTOP programs without
-similar examples. Every similarity-based retriever gets ~28-30 EM, and with 200 examples the 95% intervals (about +-6)
-overlap completely: **EPR does not beat BM25 and SBERT here** (EPR 28.5, BM25 27.5, SBERT 29.5), and RAGSys
-diversity on top of EPR (λ_d = 0.75) did not help either (26.5). EPR and BM25 choose different demonstrations (27% of
-BM25's demos also appear in EPR's prompt) and each solves about 20 queries the other misses (EPR-only 20, BM25-only 18,
-both 37), so the learned retriever is not a copy of BM25, just not better on average at this scale. Likely reasons, in order: (1) the encoder saw only 900
-labelled training examples (the paper labelled all ~15k with a 2.7B scoring LM); its intrinsic dev recall@5 rose from
-0.17 to 0.27, so it learned something, but from little data; (2) SmolLM2-135M-Instruct (4-bit) is a weak, instruction-
-tuned scorer whose preferences are noisier than GPT-Neo 2.7B's; (3) 200 evaluation examples cannot resolve differences
-of a few points. What would change it: label all 15,667 examples (about 16 h of scoring on this CPU, or minutes on one
-GPU with the same `accelerate launch` command), train with the full label set and the paper's batch, and evaluate on
-all 2,235 validation examples.
-"""
-
-TQA_NOTE = """
-Command: `epr truthfulqa --data-dir ../shared/data --limit 50 --sweep 0.25,0.5,1.0` (a seeded 50-question subset,
-the demonstration pool is all of D_ICL with leave-one-out; SmolLM2; MiniLM cosine relevance). DPO is the mean of
-log sigma(.) per triplet, so it is in nats per triplet; the paper's table appears to use another scale (x100), so compare
-orderings, not values. With 50 questions, differences of a few hundredths in MC scores are within noise.
-"""
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    ap.add_argument("names", nargs="+", help="run names (the config's `name`)")
+    ap.add_argument("--run-root", default=str(ROOT / "runs"))
+    ap.add_argument("--dest", help="destination folder (one name only); default results/<name>")
+    a = ap.parse_args(argv)
+    if a.dest and len(a.names) > 1:
+        ap.error("--dest takes one run name")
+    for name in a.names:
+        dest = Path(a.dest) if a.dest else ROOT / "results" / name
+        try:
+            copied = collect(Path(a.run_root) / name, dest)
+        except FileNotFoundError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
+        print(f"{name}: {', '.join(copied)} -> {dest}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -72,6 +72,7 @@ def run_compare(ctx: Context, out: Path, fp: str) -> dict:
             gen, [p.text for p in prompts], out / "parts" / name, cfg.generate.chunk_size, name
         )
         correct = [task.is_correct(p, e.output) for p, e in zip(preds, ev)]
+        extra = [task.metrics(p, e.output) for p, e in zip(preds, ev)]
         m, lo, hi = mean_ci([100.0 * c for c in correct])
         stat = {s: sum(p.status == s for p in prompts) for s in ("ok", "no_demo_fits", "query_too_long")}
         results[name] = {
@@ -84,16 +85,21 @@ def run_compare(ctx: Context, out: Path, fp: str) -> dict:
             "prompt_status": stat,
             "paper": PAPER.get(task.name, {}).get(base_name) if not (div or bias) else None,
         }
+        for k in task.extra_metrics:
+            km, klo, khi = mean_ci([100.0 * x[k] for x in extra])
+            results[name][k] = {"value": km, "ci_low": klo, "ci_high": khi}
+            log.info("%s: %s %.1f [%.1f, %.1f]", name, k, km, klo, khi)
         log.info("%s: EM %.1f [%.1f, %.1f]", name, m, lo, hi)
-        for row, p, y, c in zip(per_query, prompts, preds, correct):
+        for row, p, y, c, x in zip(per_query, prompts, preds, correct, extra):
             row[name] = {
                 "demos": list(p.demo_ids),
                 "demo_inputs": [pool[i].input for i in p.demo_ids[:3]],
                 "prediction": y,
                 "correct": c,
+                **x,
             }
     write_jsonl(out / "per_query.jsonl", per_query)
-    _write_tables(out, task.name, results, len(ev), cfg)
+    _write_tables(out, task.name, results, len(ev), cfg, tuple(task.extra_metrics))
     return {"rows": {"eval": len(ev), "retrievers": len(results)}, "extra": {"results": results}}
 
 
@@ -113,42 +119,41 @@ def _generate_resumable(gen, prompts: list[str], parts: Path, chunk: int, name: 
     return out
 
 
-def _write_tables(out: Path, task: str, results: dict, n: int, cfg) -> None:
+def _write_tables(out: Path, task: str, results: dict, n: int, cfg, extra: tuple[str, ...] = ()) -> None:
     rows = sorted(results.items(), key=lambda kv: (kv[1]["oracle"], kv[1]["em"]))
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     with open(out / "results.csv", "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(
-            ["retriever", "em", "ci_low", "ci_high", "paper_em", "oracle", "mean_demos", "mean_prompt_tokens"]
+            ["retriever", "em", "ci_low", "ci_high"]
+            + [f"{m}{s}" for m in extra for s in ("", "_ci_low", "_ci_high")]
+            + ["paper", "oracle", "mean_demos", "mean_prompt_tokens"]
         )
         for k, v in rows:
             w.writerow(
-                [
-                    k,
-                    f"{v['em']:.2f}",
-                    f"{v['ci_low']:.2f}",
-                    f"{v['ci_high']:.2f}",
-                    v["paper"],
-                    v["oracle"],
-                    f"{v['mean_demos']:.2f}",
-                    f"{v['mean_prompt_tokens']:.0f}",
-                ]
+                [k, f"{v['em']:.2f}", f"{v['ci_low']:.2f}", f"{v['ci_high']:.2f}"]
+                + [f"{v[m][s]:.2f}" for m in extra for s in ("value", "ci_low", "ci_high")]
+                + [v["paper"], v["oracle"], f"{v['mean_demos']:.2f}", f"{v['mean_prompt_tokens']:.0f}"]
             )
+    # the paper's number sits beside the metric it reports (LF-EM for BREAK, EM elsewhere)
+    paper_metric = "LF-EM" if "lf_em" in extra else "EM"
+    extra_head = "".join(f" {m.upper().replace('_', '-')} (ours) | 95% CI |" for m in extra)
     lines = [
-        f"# {task}: exact match on {n} evaluation examples",
+        f"# {task}: exact match{''.join(' and ' + m.upper().replace('_', '-') for m in extra)} on {n} evaluation examples",
         "",
         f"Inference LM `{cfg.models.inference_lm or cfg.models.lm}`, prompt budget {cfg.retrieve.prompt_budget} tokens "
         f"({cfg.retrieve.answer_reserve} reserved for the answer), at most {cfg.retrieve.max_demos} demos. "
         "95% bootstrap intervals. Paper: GPT-Neo 2.7B (SPEC 2.8).",
         "",
-        "| retriever | EM (ours) | 95% CI | paper EM | demos/prompt | prompt problems |",
-        "|---|---|---|---|---|---|",
+        f"| retriever | EM (ours) | 95% CI |{extra_head} paper {paper_metric} | demos/prompt | prompt problems |",
+        "|---|---|---|" + "---|---|" * len(extra) + "---|---|---|",
     ]
     for k, v in rows:
         bad = v["prompt_status"]["no_demo_fits"] + v["prompt_status"]["query_too_long"]
+        cells = "".join(f" {v[m]['value']:.1f} | {v[m]['ci_low']:.1f}-{v[m]['ci_high']:.1f} |" for m in extra)
         lines.append(
-            f"| {k}{' (oracle)' if v['oracle'] else ''} | {v['em']:.1f} | {v['ci_low']:.1f}-{v['ci_high']:.1f} | "
-            f"{'' if v['paper'] is None else v['paper']} | {v['mean_demos']:.1f} | {bad} |"
+            f"| {k}{' (oracle)' if v['oracle'] else ''} | {v['em']:.1f} | {v['ci_low']:.1f}-{v['ci_high']:.1f} |"
+            f"{cells} {'' if v['paper'] is None else v['paper']} | {v['mean_demos']:.1f} | {bad} |"
         )
     (out / "results.md").write_text("\n".join(lines) + "\n")
     _plot(out, task, rows)

@@ -127,6 +127,8 @@ class Task:
     name = "base"
     hub_name: str | None = None
     metric_name = "em"
+    # further per-example metrics reported beside exact match: name -> (prediction, gold) -> bool
+    extra_metrics: dict = {}
 
     def __init__(self, cfg: DataConfig):
         self.cfg = cfg
@@ -228,3 +230,7 @@ class Task:
 
     def is_correct(self, pred: str, gold: str) -> bool:
         return self.normalize(pred) == self.normalize(gold)
+
+    def metrics(self, pred: str, gold: str) -> dict[str, bool]:
+        """The extra metrics of one prediction (``extra_metrics``), by name."""
+        return {k: bool(f(pred, gold)) for k, f in self.extra_metrics.items()}

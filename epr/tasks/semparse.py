@@ -7,6 +7,7 @@ from pathlib import Path
 
 from epr.artifacts import read_jsonl
 from epr.tasks.base import RawRow, Task, register, split_pool_eval
+from epr.tasks.qdmr_lf import lf_match
 
 __all__ = ["MTOP", "Break", "SMCalFlow", "Demo", "Generic", "TruthfulQA"]
 
@@ -35,10 +36,12 @@ class MTOP(Task):
 @register("break")
 class Break(Task):
     """BREAK QDMR. The train split is not available offline, so the labelled dev split (7,760) is split
-    deterministically into a pool and ``data.eval_size`` held-out questions. Metric: normalised exact match
-    over QDMR steps (NEM-style: lower-case, collapsed whitespace, per-step); LF-EM is not implemented."""
+    deterministically into a pool and ``data.eval_size`` held-out questions. Metrics: normalised exact match
+    over QDMR steps (NEM-style: lower-case, collapsed whitespace, per-step) and LF-EM, logical-form exact match
+    (``epr.tasks.qdmr_lf``: the paper's BREAK metric, with the one approximation its docstring names)."""
 
     hub_name = "break_data"
+    extra_metrics = {"lf_em": lf_match}
 
     def raw_splits(self):
         if self.cfg.data_dir:
