@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-__all__ = ["mean_ci", "PAPER"]
+__all__ = ["mean_ci", "mcnemar_exact", "paired_rows", "PAPER"]
 
 # SPEC 2.8: GPT-Neo 2.7B, dev sets (EM; LF-EM for BREAK)
 PAPER = {
@@ -49,3 +50,40 @@ def mean_ci(
         return float("nan"), float("nan"), float("nan")
     boots = np.random.default_rng(seed).choice(a, size=(n_boot, a.size), replace=True).mean(1)
     return float(a.mean()), float(np.quantile(boots, alpha / 2)), float(np.quantile(boots, 1 - alpha / 2))
+
+
+def mcnemar_exact(a_only: int, b_only: int) -> float:
+    """Two-sided exact McNemar p-value for paired right/wrong outcomes: under "no difference" the discordant
+    examples split like fair coin flips, p = P(|X - n/2| >= |a_only - n/2|), X ~ Binomial(n, 1/2)."""
+    n = a_only + b_only
+    if n == 0:
+        return 1.0
+    k = min(a_only, b_only)
+    tail = sum(math.comb(n, i) for i in range(k + 1)) / 2.0**n
+    return min(1.0, 2.0 * tail)
+
+
+def paired_rows(per_query: Sequence[Mapping], names: Sequence[str], key: str = "correct") -> list[dict]:
+    """For every pair of retrievers (a, b): examples only a solves, only b solves, both, the McNemar p-value,
+    and how many of b's demonstrations also appear in a's prompt (demo overlap)."""
+    rows = []
+    for i, a in enumerate(names):
+        for b in names[i + 1 :]:
+            ra = [bool(q[a][key]) for q in per_query]
+            rb = [bool(q[b][key]) for q in per_query]
+            a_only = sum(x and not y for x, y in zip(ra, rb))
+            b_only = sum(y and not x for x, y in zip(ra, rb))
+            shared = [len(set(q[a]["demos"]) & set(q[b]["demos"])) for q in per_query]
+            total_b = sum(len(q[b]["demos"]) for q in per_query)
+            rows.append(
+                {
+                    "a": a,
+                    "b": b,
+                    "a_only": a_only,
+                    "b_only": b_only,
+                    "both": sum(x and y for x, y in zip(ra, rb)),
+                    "p_mcnemar": mcnemar_exact(a_only, b_only),
+                    "demo_overlap": sum(shared) / total_b if total_b else float("nan"),
+                }
+            )
+    return rows

@@ -16,7 +16,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-COMPARE_FILES = ("results.md", "results.csv", "results.json", "em.png", "report.html", "per_query.jsonl")
+COMPARE_FILES = (
+    "results.md", "results.csv", "results.json", "paired.md", "paired.json", "em.png", "report.html", "per_query.jsonl",
+)  # fmt: skip
 ENCODER_FILES = {"history.json": "training_history.json", "training_curve.png": "training_curve.png"}
 
 

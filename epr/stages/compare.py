@@ -17,7 +17,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from epr.artifacts import read_jsonl, write_jsonl
-from epr.evaluation import PAPER, mean_ci
+from epr.evaluation import PAPER, mean_ci, paired_rows
 from epr.prompts import build_prompt
 from epr.rerank import parse_retriever_name, pool_quality, rerank
 from epr.retrievers import ORACLES, DenseRetriever, make_retriever
@@ -100,6 +100,7 @@ def run_compare(ctx: Context, out: Path, fp: str) -> dict:
             }
     write_jsonl(out / "per_query.jsonl", per_query)
     _write_tables(out, task.name, results, len(ev), cfg, tuple(task.extra_metrics))
+    _write_paired(out, per_query, list(results), ("correct", *task.extra_metrics))
     return {"rows": {"eval": len(ev), "retrievers": len(results)}, "extra": {"results": results}}
 
 
@@ -158,6 +159,33 @@ def _write_tables(out: Path, task: str, results: dict, n: int, cfg, extra: tuple
     (out / "results.md").write_text("\n".join(lines) + "\n")
     _plot(out, task, rows)
     _html(out, lines)
+
+
+def _write_paired(out: Path, per_query: list[dict], names: list[str], keys: tuple[str, ...]) -> None:
+    """Paired comparison of every two retrievers on the same examples (``paired.md``, ``paired.json``)."""
+    tables = {k: paired_rows(per_query, names, k) for k in keys}
+    (out / "paired.json").write_text(json.dumps(tables, indent=2) + "\n")
+    lines = [
+        f"# Paired comparison on the same {len(per_query)} examples",
+        "",
+        "a-only / b-only: examples one retriever gets right and the other wrong; p: exact McNemar test on those "
+        "(small p: the difference is unlikely to be chance); demo overlap: share of b's demonstrations also in a's "
+        "prompt.",
+    ]
+    for k, rows in tables.items():
+        lines += [
+            "",
+            f"## {'exact match' if k == 'correct' else k.upper().replace('_', '-')}",
+            "",
+            "| a | b | a-only | b-only | both | p (McNemar) | demo overlap |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {r['a']} | {r['b']} | {r['a_only']} | {r['b_only']} | {r['both']} | {r['p_mcnemar']:.3g} | "
+            f"{r['demo_overlap']:.2f} |"
+            for r in rows
+        ]
+    (out / "paired.md").write_text("\n".join(lines) + "\n")
 
 
 def _html(out: Path, md_lines: list[str]) -> None:
