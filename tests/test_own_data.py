@@ -86,6 +86,9 @@ def test_own_csv_compare_with_ragsys_rows(tmp_path, minilm_dir, tiny_lm_dir):
     assert list(res) == names
     assert res["bm25-oracle"]["oracle"] and not res["epr+div+bias"]["oracle"]
     assert all(0 < v["mean_demos"] <= 3 for k, v in res.items())
+    paired = json.loads((tmp_path / "mine" / "compare" / "paired.json").read_text())["correct"]
+    assert len(paired) == len(names) * (len(names) - 1) // 2
+    assert all(0.0 <= r["p_mcnemar"] <= 1.0 and 0.0 <= r["demo_overlap"] <= 1.0 for r in paired)
     q = list((tmp_path / "mine" / "compare").glob("quality_bias.*.npy"))
     assert len(q) == 1  # computed once for the pool, for the +bias row
     # DR-BM25: its own encoder, trained on BM25-ranked labels of the same candidates, no LM scoring
