@@ -159,7 +159,7 @@ def test_break_task_reports_lf_em_and_the_table_shows_it(tmp_path):
         models=SimpleNamespace(inference_lm=None, lm="smollm2"),
         retrieve=SimpleNamespace(prompt_budget=256, answer_reserve=64, max_demos=4),
     )
-    _write_tables(tmp_path, "break", {"bm25": row}, 1, cfg, ("lf_em",))
+    _write_tables(tmp_path, "break", {"bm25": row}, 1, cfg, ("lf_em",), "lf_em")
     md = (tmp_path / "results.md").read_text()
     assert "| retriever | EM (ours) | 95% CI | LF-EM (ours) | 95% CI | paper LF-EM |" in md
     assert "| bm25 | 0.0 | 0.0-0.0 | 100.0 | 100.0-100.0 | 26.0 |" in md

@@ -99,7 +99,7 @@ def run_compare(ctx: Context, out: Path, fp: str) -> dict:
                 **x,
             }
     write_jsonl(out / "per_query.jsonl", per_query)
-    _write_tables(out, task.name, results, len(ev), cfg, tuple(task.extra_metrics))
+    _write_tables(out, task.name, results, len(ev), cfg, tuple(task.extra_metrics), task.paper_metric)
     _write_paired(out, per_query, list(results), ("correct", *task.extra_metrics))
     return {"rows": {"eval": len(ev), "retrievers": len(results)}, "extra": {"results": results}}
 
@@ -120,7 +120,14 @@ def _generate_resumable(gen, prompts: list[str], parts: Path, chunk: int, name: 
     return out
 
 
-def _write_tables(out: Path, task: str, results: dict, n: int, cfg, extra: tuple[str, ...] = ()) -> None:
+def _label(metric: str) -> str:
+    """A metric's name in tables: ``lf_em`` -> ``LF-EM``."""
+    return "EM" if metric in ("em", "correct") else metric.upper().replace("_", "-")
+
+
+def _write_tables(
+    out: Path, task: str, results: dict, n: int, cfg, extra: tuple[str, ...] = (), paper_metric: str = "em"
+) -> None:
     rows = sorted(results.items(), key=lambda kv: (kv[1]["oracle"], kv[1]["em"]))
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     with open(out / "results.csv", "w", newline="") as f:
@@ -136,17 +143,15 @@ def _write_tables(out: Path, task: str, results: dict, n: int, cfg, extra: tuple
                 + [f"{v[m][s]:.2f}" for m in extra for s in ("value", "ci_low", "ci_high")]
                 + [v["paper"], v["oracle"], f"{v['mean_demos']:.2f}", f"{v['mean_prompt_tokens']:.0f}"]
             )
-    # the paper's number sits beside the metric it reports (LF-EM for BREAK, EM elsewhere)
-    paper_metric = "LF-EM" if "lf_em" in extra else "EM"
-    extra_head = "".join(f" {m.upper().replace('_', '-')} (ours) | 95% CI |" for m in extra)
+    extra_head = "".join(f" {_label(m)} (ours) | 95% CI |" for m in extra)
     lines = [
-        f"# {task}: exact match{''.join(' and ' + m.upper().replace('_', '-') for m in extra)} on {n} evaluation examples",
+        f"# {task}: exact match{''.join(' and ' + _label(m) for m in extra)} on {n} evaluation examples",
         "",
         f"Inference LM `{cfg.models.inference_lm or cfg.models.lm}`, prompt budget {cfg.retrieve.prompt_budget} tokens "
         f"({cfg.retrieve.answer_reserve} reserved for the answer), at most {cfg.retrieve.max_demos} demos. "
         "95% bootstrap intervals. Paper: GPT-Neo 2.7B (SPEC 2.8).",
         "",
-        f"| retriever | EM (ours) | 95% CI |{extra_head} paper {paper_metric} | demos/prompt | prompt problems |",
+        f"| retriever | EM (ours) | 95% CI |{extra_head} paper {_label(paper_metric)} | demos/prompt | prompt problems |",
         "|---|---|---|" + "---|---|" * len(extra) + "---|---|---|",
     ]
     for k, v in rows:
@@ -175,7 +180,7 @@ def _write_paired(out: Path, per_query: list[dict], names: list[str], keys: tupl
     for k, rows in tables.items():
         lines += [
             "",
-            f"## {'exact match' if k == 'correct' else k.upper().replace('_', '-')}",
+            f"## {'exact match' if k == 'correct' else _label(k)}",
             "",
             "| a | b | a-only | b-only | both | p (McNemar) | demo overlap |",
             "|---|---|---|---|---|---|---|",

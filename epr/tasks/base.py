@@ -126,9 +126,9 @@ class Task:
 
     name = "base"
     hub_name: str | None = None
-    metric_name = "em"
     # further per-example metrics reported beside exact match: name -> (prediction, gold) -> bool
     extra_metrics: dict = {}
+    paper_metric = "em"  # the metric the paper's numbers (evaluation.PAPER) report: "em" or an extra metric
 
     def __init__(self, cfg: DataConfig):
         self.cfg = cfg

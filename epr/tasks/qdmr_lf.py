@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from functools import cache
+from functools import cache, lru_cache
 
 __all__ = ["Step", "parse_steps", "identify", "logical_form", "lf_key", "lf_match", "UnparsableQDMR"]
 
@@ -238,6 +238,22 @@ def _properties(op: str, step: str, refs: list[int]) -> tuple[str, ...]:
 # ---------------------------------------------------------------- operator identification
 
 
+def _terms(op: str) -> list[str]:
+    return [t for ts in _PROPS[op][0].values() for t in ts]
+
+
+# the words each rule looks for, built once
+_AGG_TERMS = _terms("aggregate")
+_SUP_PHRASES = [f"{p} {s}" for p in ("is", "is the", "are", "are the") for s in _terms("superlative")]
+_COMP_TERMS = (
+    _terms("comparative")
+    + _variants(["contain", "include", "has", "have"])
+    + [f"{x} with" for x in _variants(["start", "starts", "begin", "begins", "end", "ends"])]
+    + ["is", "are", "was"]
+)
+_ARITH_TERMS = _terms("arithmetic")
+
+
 def _is_op(op: str, step: str, refs: list[int]) -> bool:
     n, low = len(refs), step.lower()
     if op == "select":
@@ -247,30 +263,22 @@ def _is_op(op: str, step: str, refs: list[int]) -> bool:
     if op == "project":
         return n == 1 and re.search(r"\s+#+[0-9\s]+", step) is not None
     if op == "aggregate":
-        terms = [t for ts in _AGG_PROPS.values() for t in ts]
-        return n == 1 and any(_has(t + " #", step) or _has(t + " of #", step) for t in terms)
+        return n == 1 and any(_has(t + " #", step) or _has(t + " of #", step) for t in _AGG_TERMS)
     if op == "group":
         return n > 0 and _has("for each", step)
     if op == "superlative":
-        sup = [t for ts in _PROPS["superlative"][0].values() for t in ts]
         return (
             n == 2
             and step.startswith("#")
             and _has("where", step)
-            and any(_has(f"{p} {s}", step) for p in ("is", "is the", "are", "are the") for s in sup)
+            and any(_has(p, step) for p in _SUP_PHRASES)
         )
     if op == "comparative":
-        comps = (
-            [t for ts in _PROPS["comparative"][0].values() for t in ts]
-            + _variants(["contain", "include", "has", "have"])
-            + [f"{x} with" for x in _variants(["start", "starts", "begin", "begins", "end", "ends"])]
-            + ["is", "are", "was"]
-        )
         return (
             2 <= n <= 3
             and _has("where", step)
             and (step.startswith("#") or step.startswith("the #"))
-            and any(_has(c, step) for c in comps)
+            and any(_has(c, step) for c in _COMP_TERMS)
         )
     if op == "union":
         return n > 1 and re.fullmatch(r"[#0-9,\s]+", step.replace("and", ",").replace("or", ",")) is not None
@@ -289,8 +297,7 @@ def _is_op(op: str, step: str, refs: list[int]) -> bool:
     if op == "arithmetic":
         return any(
             (step.startswith(a) or step.startswith("the " + a)) and (n > 1 or (n == 1 and _has("and", step)))
-            for ts in _PROPS["arithmetic"][0].values()
-            for a in ts
+            for a in _ARITH_TERMS
         )
     if op == "comparison":
         return low.startswith("which") and n > 1
@@ -319,7 +326,7 @@ def operator_of(step: str) -> str:
     return ops.pop()
 
 
-def _args(op: str, step: str, refs: list[int]) -> dict[str, list[str]]:
+def _args(op: str, step: str, refs: list[int], props: tuple[str, ...]) -> dict[str, list[str]]:
     """Argument type -> argument strings (which may contain references)."""
     r0 = f"#{refs[0]}" if refs else ""
     if op == "select":
@@ -357,7 +364,6 @@ def _args(op: str, step: str, refs: list[int]) -> dict[str, list[str]]:
         objects, order = step.split(expr, 1)
         return {"sub": [objects], "order": [order]}
     if op == "boolean":
-        props = _properties(op, step, refs)
         if "logical_and" in props:
             return {"sub": [f"#{r}" for r in refs]}
         toks = step.split()
@@ -367,7 +373,6 @@ def _args(op: str, step: str, refs: list[int]) -> dict[str, list[str]]:
             return {"sub": [r0], "condition": [step.replace(r0, "#REF")]}
         return {"condition": [step]}
     if op == "arithmetic":
-        props = _properties(op, step, refs)
         parts = re.split("and|,", step)
         if len(parts) != 2 or "sum" in props or "multiplication" in props:
             return {"arg": [f"#{r}" for r in refs]}
@@ -386,7 +391,7 @@ def identify(step: str) -> Step:
     refs = _refs(step)
     props = _properties(op, step, refs)
     out = Step(op, tuple(props))
-    for name, values in _args(op, step, refs).items():
+    for name, values in _args(op, step, refs, props).items():
         for v in values:
             out.refs += [(name, int(k)) for k in re.findall(r"#(\d+)", v)]
             out.args.setdefault(name, []).extend(re.sub(r"#(\d+)", " ", v).split())
@@ -510,6 +515,7 @@ def logical_form(qdmr: str) -> dict[int, Step]:
     return steps
 
 
+@lru_cache(maxsize=4096)  # the gold side is parsed once, not once per retriever
 def lf_key(qdmr: str) -> str:
     """A canonical string for the QDMR's logical form; equal keys = LF-EM match. Raises UnparsableQDMR."""
     return _canonical_key(logical_form(qdmr))

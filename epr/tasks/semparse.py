@@ -42,6 +42,7 @@ class Break(Task):
 
     hub_name = "break_data"
     extra_metrics = {"lf_em": lf_match}
+    paper_metric = "lf_em"
 
     def raw_splits(self):
         if self.cfg.data_dir:
