@@ -68,6 +68,7 @@ class ScoringConfig:
     chunk_size: int = 32  # training examples per resumable chunk
     forward: str = "fast"  # fast (epr.fastlm, Llama-family) | hf (the transformers forward)
     compile: bool = False  # torch.compile the forward (one-off compile of minutes; pays off on long runs)
+    prefix_share: bool = True  # each demonstration's key/value cache computed once for all its [x][y] suffixes
 
 
 @dataclass(frozen=True)

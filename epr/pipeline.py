@@ -35,6 +35,12 @@ class Stage:
         return getattr(importlib.import_module(mod), name)
 
 
+def _scores_keys(ctx: Context) -> dict:
+    from epr.stages.scores import scoring_key
+
+    return scoring_key(ctx)
+
+
 def _const(*deps: str):
     return lambda ctx: deps
 
@@ -48,16 +54,13 @@ STAGES: dict[str, Stage] = {
         Stage(
             "candidates",
             _const("examples"),
-            lambda c: {"candidates": c.cfg.section("candidates")},
+            lambda c: {"candidates": c.cfg.section("candidates"), "query_order": "nested-permutation"},
             "epr.stages.candidates:run_candidates",
         ),
         Stage(
             "scores",
             _const("candidates"),
-            lambda c: {
-                "lm": c.cfg.models.lm,
-                "dtype": c.cfg.models.dtype,
-            },  # batch/chunk sizes do not change results
+            _scores_keys,  # the resolved dtype; batch layout only where it changes results (bf16)
             "epr.stages.scores:run_scores",
             distributed=True,
         ),

@@ -61,12 +61,14 @@ class LMScorer:
         max_length: int | None = None,
         forward: str = "fast",
         compile: bool = False,
+        prefix_share: bool = False,
     ):
         if forward not in ("fast", "hf"):
             raise ValueError(f"forward must be 'fast' or 'hf', not {forward!r}")
         self.model = model
         self.tok = tokenizer
         self.batch_tokens = batch_tokens
+        self.prefix_share = prefix_share
         self.max_length = max_length or getattr(model.config, "max_position_embeddings", 2048)
         self.device = next(model.parameters()).device
         # a target needs a predecessor token: an empty context gets BOS (or EOS when there is none)

@@ -1,7 +1,8 @@
 """Stage ``candidates``: for each labelled training example, L candidates from the pool by BM25.
 
 The default view searches the *outputs* (query y, corpus all y_j), as EPR does. The example itself is
-excluded by id. Which training examples get labelled: all, or a seeded subset of ``num_queries``.
+excluded by id. Which training examples get labelled: all, or the first ``num_queries`` of a seeded permutation
+(nested: a larger set contains the smaller ones).
 """
 
 from __future__ import annotations
@@ -27,9 +28,13 @@ def view_text(ex: Example, view: str) -> str:
 
 
 def query_ids(n_pool: int, num_queries: int | None, seed: int) -> np.ndarray:
+    """The first ``num_queries`` of a seeded permutation of the pool, in that order.
+
+    Nested: a larger label set contains every smaller one of the same seed (so it reuses their scores), and the
+    order is the scoring order, so the first chunks of a long scoring run form the smaller sets."""
     if num_queries is None or num_queries >= n_pool:
         return np.arange(n_pool)
-    return np.sort(np.random.default_rng(seed).choice(n_pool, num_queries, replace=False))
+    return np.random.default_rng(seed).permutation(n_pool)[:num_queries]
 
 
 def mine(

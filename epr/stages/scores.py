@@ -15,6 +15,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from epr.artifacts import read_jsonl, write_jsonl
+from epr.score_cache import ScoreCache
 from epr.scoring import LMScorer
 from epr.stages.context import Context
 from epr.types import Example, Ranking
@@ -31,7 +32,19 @@ def build_scorer(ctx: Context) -> LMScorer:
         device = f"cuda:{ctx.dist.rank}"
     model, tok = load_lm_for(m, device=device)
     sc = ctx.cfg.scoring
-    return LMScorer(model, tok, batch_tokens=sc.batch_tokens, forward=sc.forward, compile=sc.compile)
+    return LMScorer(
+        model,
+        tok,
+        batch_tokens=sc.batch_tokens,
+        forward=sc.forward,
+        compile=sc.compile,
+        prefix_share=sc.prefix_share,
+    )
+
+
+def score_cache(ctx: Context) -> ScoreCache:
+    """The run root's shared score store for this computation (``scoring_key``)."""
+    return ScoreCache(Path(ctx.cfg.run_root) / ".cache" / "scores", scoring_key(ctx))
 
 
 def _cuda() -> bool:
@@ -40,28 +53,68 @@ def _cuda() -> bool:
     return torch.cuda.is_available()
 
 
+def scoring_key(ctx: Context) -> dict:
+    """Everything that changes a score besides the texts: the stage fingerprint and the score cache use it.
+
+    The dtype is the one ``models.dtype`` resolves to on this machine (``auto`` is bf16 on one CPU and fp32 on
+    another). In fp32 a score does not depend on the batch it was computed in (beyond 1e-4 nats; tested); in bf16
+    it does (up to ~1 nat), so there the batch layout is part of the key and a changed layout rescores."""
+    from epr.models import pick_dtype
+
+    m, sc = ctx.cfg.models, ctx.cfg.scoring
+    dtype = "bf16" if str(pick_dtype(m.dtype, "cuda" if _cuda() else "cpu")).endswith("bfloat16") else "fp32"
+    key = {"lm": m.lm, "dtype": dtype, "forward": sc.forward, "device": "cuda" if _cuda() else "cpu"}
+    if dtype != "fp32":
+        key |= {"batch_tokens": sc.batch_tokens, "prefix_share": sc.prefix_share}
+    return key
+
+
 def score_chunk(
-    scorer: LMScorer, task, pool: list[Example], rankings: list[Ranking]
+    scorer: LMScorer,
+    task,
+    pool: list[Example],
+    rankings: list[Ranking],
+    cache: ScoreCache | None = None,
+    name: str = "",
 ) -> tuple[list[dict], int]:
-    """Score one chunk of rankings; returns rows ``{qid, ids, scores}`` and the number of too-long pairs."""
-    contexts, targets, where = [], [], []
+    """Score one chunk of rankings; returns rows ``{qid, ids, scores}`` and the number of too-long pairs.
+
+    Pairs found in ``cache`` are not scored again; the new scores are added to it."""
+    contexts, targets, where, demos, queries = [], [], [], [], []
     for r in rankings:
         x = pool[r.qid]
         for j, cid in enumerate(r.ids):
-            contexts.append(task.format_demo(pool[cid]) + task.format_query(x.input))
+            demos.append(task.format_demo(pool[cid]))
+            queries.append(task.format_query(x.input))
+            contexts.append(demos[-1] + queries[-1])
             targets.append(task.format_target(x.output))
             where.append((r.qid, j))
-    pairs = scorer.encode(contexts, targets)
-    too_long = set(scorer.too_long(pairs))
+    flat: list[float | None] = [None] * len(contexts)
+    cached = cache.get(contexts, targets) if cache is not None else flat
+    todo = [i for i, v in enumerate(cached) if v is None]
+    pairs = scorer.encode([contexts[i] for i in todo], [targets[i] for i in todo]) if todo else []
+    too_long = {todo[i] for i in scorer.too_long(pairs)} if todo else set()
     for i in sorted(too_long):
         log.warning(
             "scores: query %d, candidate #%d is longer than the LM context; score left null", *where[i]
         )
-    keep = [i for i in range(len(pairs)) if i not in too_long]
-    vals = scorer.score_ids([pairs[i] for i in keep]) if keep else []
-    flat: list[float | None] = [None] * len(pairs)
+    keep = [i for i in todo if i not in too_long]
+    if keep and scorer.prefix_share:
+        vals = scorer.score_prefixed([demos[i] for i in keep], [queries[i] + targets[i] for i in keep],
+                                     n_query=[len(queries[i]) for i in keep])
+    elif keep:
+        pos = {i: j for j, i in enumerate(todo)}
+        vals = scorer.score_ids([pairs[pos[i]] for i in keep])
+    else:
+        vals = []
+    vals = [round(float(v), 4) for v in vals]
+    if cache is not None and keep:
+        cache.put([contexts[i] for i in keep], [targets[i] for i in keep], vals, name)
+    for i, v in enumerate(cached):
+        if v is not None:
+            flat[i] = v
     for i, v in zip(keep, vals):
-        flat[i] = round(float(v), 4)
+        flat[i] = v
     rows, k = [], 0
     for r in rankings:
         rows.append({"qid": r.qid, "ids": r.ids, "scores": flat[k : k + len(r.ids)]})
@@ -89,13 +142,15 @@ def run_scores(ctx: Context, out: Path, fp: str) -> dict:
     log.info("scores: %d chunks for this process, %d already done", len(mine), len(mine) - len(todo))
     too_long = 0
     if todo:
+        cache = score_cache(ctx)
+        log.info("scores: %d scores in the shared cache %s", len(cache), cache.dir)
         scorer = build_scorer(ctx)
         n_seq = sum(len(r.ids) for c in todo for r in chunks[c])
         bar = tqdm(
             total=n_seq, desc=f"scoring [rank {ctx.dist.rank}]", unit="seq", disable=not ctx.dist.is_main
         )
         for c in todo:
-            rows, tl = score_chunk(scorer, ctx.task, pool, chunks[c])
+            rows, tl = score_chunk(scorer, ctx.task, pool, chunks[c], cache, name=f"{fp}-{c:06d}")
             too_long += tl
             write_jsonl(parts / f"chunk-{c:06d}.jsonl", rows)
             bar.update(sum(len(r.ids) for r in chunks[c]))

@@ -1,0 +1,68 @@
+"""A content-keyed store of LM scores, shared by every run under one ``run_root``.
+
+A score ``log p(target | context)`` depends on the two texts and on how the LM computed it: the model, the dtype it
+ran in, the forward (lean or transformers) and, in bf16, the batch layout (``scoring_key`` names all of these).
+Entries are keyed by a hash of (context, target) inside a folder named by the fingerprint of that computation key,
+so a run with a larger label set reuses every score a smaller one computed, and a change of model, dtype or
+forward never reads another computation's scores. Shards are written atomically, one per finished chunk, so a
+killed run loses at most the chunk it was scoring; several processes write their own shards.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from epr.artifacts import atomic_write_text, fingerprint
+
+__all__ = ["ScoreCache", "pair_key"]
+
+log = logging.getLogger(__name__)
+
+
+def pair_key(context: str, target: str) -> str:
+    return hashlib.sha1(f"{context}\x1f{target}".encode()).hexdigest()[:24]
+
+
+class ScoreCache:
+    def __init__(self, root: str | Path, key: dict):
+        self.key = key
+        self.dir = Path(root) / fingerprint(key)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        kf = self.dir / "KEY.json"
+        if not kf.exists():
+            atomic_write_text(kf, json.dumps(key, indent=2, sort_keys=True) + "\n")
+        self._mem: dict[str, float] = {}
+        self._seen: set[str] = set()
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Read shards written since the last call (by this or another process)."""
+        for f in sorted(self.dir.glob("shard-*.json")):
+            if f.name in self._seen:
+                continue
+            try:
+                self._mem.update(json.loads(f.read_text(encoding="utf-8")))
+            except (json.JSONDecodeError, OSError) as e:  # a shard is written atomically: this is corruption
+                log.warning("score cache: unreadable shard %s (%s); ignored", f, e)
+                continue
+            self._seen.add(f.name)
+
+    def __len__(self) -> int:
+        return len(self._mem)
+
+    def get(self, contexts: Sequence[str], targets: Sequence[str]) -> list[float | None]:
+        return [self._mem.get(pair_key(c, t)) for c, t in zip(contexts, targets)]
+
+    def put(self, contexts: Sequence[str], targets: Sequence[str], scores: Sequence[float], name: str) -> None:
+        new = {pair_key(c, t): float(s) for c, t, s in zip(contexts, targets, scores)}
+        if not new:
+            return
+        f = self.dir / f"shard-{name}-{os.getpid()}.json"
+        atomic_write_text(f, json.dumps(new, sort_keys=True))
+        self._seen.add(f.name)
+        self._mem.update(new)
