@@ -68,7 +68,9 @@ class ScoringConfig:
     chunk_size: int = 32  # training examples per resumable chunk
     forward: str = "fast"  # fast (epr.fastlm, Llama-family) | hf (the transformers forward)
     compile: bool = False  # torch.compile the forward (one-off compile of minutes; pays off on long runs)
-    prefix_share: bool = True  # each demonstration's key/value cache computed once for all its [x][y] suffixes
+    prefix_share: bool = (
+        True  # each demonstration's key/value cache computed once for all its [x][y] suffixes
+    )
 
 
 @dataclass(frozen=True)
@@ -86,7 +88,13 @@ class TrainConfig:
     lr: float = 2e-5
     warmup_ratio: float = 0.1
     weight_decay: float = 0.0
-    temperature: float = 1.0
+    loss: str = "epr"  # epr (the paper's) | listwise (UDR) | distill (LLM-R): epr/loss.py
+    similarity: str = "dot"  # dot (EPR: raw inner product) | cosine (normalised embeddings / temperature)
+    temperature: float | None = None  # divides the similarity; None: 1 for dot, 0.05 for cosine
+    list_size: int = 8  # listwise / distill: scored candidates per instance per step (the best + a sample)
+    loss_weight: float | None = None  # weight of the in-batch contrastive term; None: 1 listwise, 0.2 distill
+    teacher_temperature: float = 1.0  # distill: softmax(LM score / this) is the target distribution
+    best_by: str = "mrr"  # keep the epoch (0 = untrained) with the best dev metric: mrr | recall | last
     tie_encoders: bool = False
     max_length: int = 64
     grad_accum: int = 1
@@ -94,6 +102,20 @@ class TrainConfig:
     seed: int = 42
     dev_size: int = 100  # labelled instances held out for recall@k / MRR
     checkpoint_every: int = 0  # steps; 0: only at epoch ends
+
+
+def train_temperature(tc: TrainConfig) -> float:
+    """The similarity temperature in force: the configured one, or 1 (dot) / 0.05 (cosine)."""
+    if tc.temperature is not None:
+        return tc.temperature
+    return 1.0 if tc.similarity == "dot" else 0.05
+
+
+def train_loss_weight(tc: TrainConfig) -> float:
+    """Weight of the in-batch contrastive term of the listwise / distill losses (UDR: 1, LLM-R: 0.2)."""
+    if tc.loss_weight is not None:
+        return tc.loss_weight
+    return 0.2 if tc.loss == "distill" else 1.0
 
 
 @dataclass(frozen=True)
@@ -157,6 +179,9 @@ _CHOICES = {
     ("models", "dtype"): {"auto", "bf16", "fp32"},
     ("models", "pack_linear"): {"auto", "on", "off"},
     ("train", "mixed_precision"): {"no", "bf16"},
+    ("train", "loss"): {"epr", "listwise", "distill"},
+    ("train", "similarity"): {"dot", "cosine"},
+    ("train", "best_by"): {"mrr", "recall", "last"},
 }
 
 
@@ -272,6 +297,12 @@ def _validate(cfg: ExperimentConfig) -> None:
         (0.0 <= cfg.ragsys.lambda_b <= 1.0, f"ragsys.lambda_b={cfg.ragsys.lambda_b} must be in [0, 1]"),
         (cfg.train.batch_size >= 2, "train.batch_size must be >= 2 (in-batch negatives)"),
         (cfg.train.chunk_size >= 0, "train.chunk_size must be >= 0"),
+        (cfg.train.list_size >= 2, "train.list_size must be >= 2"),
+        (
+            cfg.train.temperature is None or cfg.train.temperature > 0,
+            "train.temperature must be > 0 (or null: 1 for dot, 0.05 for cosine)",
+        ),
+        (cfg.train.teacher_temperature > 0, "train.teacher_temperature must be > 0"),
     ]
     for name in cfg.retrieve.retrievers:
         base, *suffixes = name.split("+")

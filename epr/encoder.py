@@ -1,8 +1,11 @@
 """The EPR dual encoder: E_X for inputs, E_P for demonstrations, inner-product similarity.
 
 Both towers start from the same pretrained encoder (any ``AutoModel``: the packaged MiniLM, a hub id, a
-local folder); ``tie=True`` shares one. Embeddings are mean-pooled last hidden states (not normalised:
-EPR scores by raw inner product). Saved as ``<dir>/query_encoder`` and ``<dir>/prompt_encoder``.
+local folder); ``tie=True`` shares one. Embeddings are mean-pooled last hidden states. ``similarity="dot"``
+(EPR) leaves them as they are: the raw inner product scores; ``"cosine"`` normalises them to unit length (the
+sentence-transformers / E5 convention for encoders such as MiniLM, trained with a temperature), so the inner
+product of the faiss index is the cosine. Saved as ``<dir>/query_encoder`` and ``<dir>/prompt_encoder`` with
+``dual_encoder.json`` (tied, max_length, similarity).
 """
 
 from __future__ import annotations
@@ -24,8 +27,18 @@ def mean_pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 class DualEncoder(nn.Module):
-    def __init__(self, q_model: nn.Module, p_model: nn.Module | None, tokenizer, max_length: int = 64):
+    def __init__(
+        self,
+        q_model: nn.Module,
+        p_model: nn.Module | None,
+        tokenizer,
+        max_length: int = 64,
+        similarity: str = "dot",
+    ):
         super().__init__()
+        if similarity not in ("dot", "cosine"):
+            raise ValueError(f"similarity must be 'dot' or 'cosine', not {similarity!r}")
+        self.similarity = similarity
         self.q_model = q_model
         self.p_model = p_model if p_model is not None else q_model
         self.tied = p_model is None
@@ -34,9 +47,15 @@ class DualEncoder(nn.Module):
 
     @classmethod
     def from_pretrained(
-        cls, name_or_dir: str, tie: bool = False, max_length: int = 64, cache: str | None = None
+        cls,
+        name_or_dir: str,
+        tie: bool = False,
+        max_length: int = 64,
+        cache: str | None = None,
+        similarity: str = "dot",
     ) -> DualEncoder:
-        """From a base encoder (packaged name, hub id, folder) or from a saved dual encoder folder."""
+        """From a base encoder (packaged name, hub id, folder) or from a saved dual encoder folder (whose own
+        ``similarity`` wins)."""
         from transformers import AutoModel, AutoTokenizer
 
         from epr.models import resolve_encoder
@@ -47,12 +66,12 @@ class DualEncoder(nn.Module):
             tok = AutoTokenizer.from_pretrained(d / "query_encoder")
             q = AutoModel.from_pretrained(d / "query_encoder")
             p = None if meta["tied"] else AutoModel.from_pretrained(d / "prompt_encoder")
-            return cls(q, p, tok, meta["max_length"])
+            return cls(q, p, tok, meta["max_length"], meta.get("similarity", "dot"))
         path = resolve_encoder(name_or_dir, cache)
         tok = AutoTokenizer.from_pretrained(path)
         q = AutoModel.from_pretrained(path)
         p = None if tie else AutoModel.from_pretrained(path)
-        return cls(q, p, tok, max_length)
+        return cls(q, p, tok, max_length, similarity)
 
     def tokenize(self, texts: Sequence[str]) -> dict:
         return dict(
@@ -65,7 +84,8 @@ class DualEncoder(nn.Module):
         dev = next(model.parameters()).device
         batch = {k: v.to(dev) for k, v in batch.items()}
         out = model(**batch).last_hidden_state
-        return mean_pool(out, batch["attention_mask"]).float()
+        e = mean_pool(out, batch["attention_mask"]).float()
+        return torch.nn.functional.normalize(e, dim=-1) if self.similarity == "cosine" else e
 
     def embed_queries(self, batch: dict) -> torch.Tensor:
         return self._embed(self.q_model, batch)
@@ -98,4 +118,6 @@ class DualEncoder(nn.Module):
         if not self.tied:
             self.p_model.save_pretrained(out / "prompt_encoder")
             self.tok.save_pretrained(out / "prompt_encoder")
-        (out / "dual_encoder.json").write_text(json.dumps({"tied": self.tied, "max_length": self.max_length}))
+        (out / "dual_encoder.json").write_text(
+            json.dumps({"tied": self.tied, "max_length": self.max_length, "similarity": self.similarity})
+        )

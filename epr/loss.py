@@ -1,7 +1,20 @@
-"""The EPR contrastive loss, cross-process negatives, and gradient caching (GradCache) for large batches.
+"""Training losses of the dual encoder, cross-process negatives, and gradient caching (GradCache).
 
-Layout used throughout: ``docs`` holds, for instance i, its positive at row ``group_size*i`` and its hard
-negative(s) right after, so each query sees 1 positive and ``group_size*B - 1`` negatives.
+Layout used throughout: ``docs`` holds ``group_size`` rows per instance, instance i's at rows
+``group_size*i .. group_size*(i+1)-1``. For the EPR loss these are its sampled positive then hard negative(s);
+for the listwise and distillation losses, ``group_size`` of its scored candidates (best first, with the LM scores
+as ``teacher``). Every query also sees every other instance's rows as in-batch negatives.
+
+Losses (``train.loss``), all functions of the similarity matrix ``sim = q @ d.T / temperature``:
+
+- ``epr``: ``-log softmax(sim_i)[positive_i]`` (Rubin et al. 2022).
+- ``listwise``: UDR's ranking loss (Li et al., ACL 2023) over an instance's candidates, ordered by the LM score:
+  ``sum_{a,b} max(0, 1/r_a - 1/r_b) * log(1 + exp(sim_b - sim_a))`` (r: rank, 1 = best), plus ``weight`` times
+  the in-batch contrastive loss with the best candidate as positive.
+- ``distill``: LLM-R's distillation (Wang et al., EACL 2024): ``KL(softmax(teacher / tau_t) || softmax(sim_i over
+  the instance's candidates))``, plus ``weight`` times the in-batch contrastive loss.
+
+In-batch negatives that are the same pool example as the query's positive are masked (not false negatives).
 """
 
 from __future__ import annotations
@@ -11,7 +24,16 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-__all__ = ["contrastive_loss", "gather_keep_local_grad", "grad_cache_backward"]
+__all__ = [
+    "contrastive_loss",
+    "inbatch_contrastive",
+    "listwise_loss",
+    "distill_loss",
+    "group_loss",
+    "gather_keep_local_grad",
+    "gather_plain",
+    "grad_cache_backward",
+]
 
 
 def contrastive_loss(
@@ -29,6 +51,124 @@ def contrastive_loss(
     scores = (q @ d.T) / temperature
     target = group_size * (torch.arange(q.shape[0], device=q.device) + q_offset)
     return F.cross_entropy(scores.float(), target)
+
+
+def inbatch_contrastive(
+    sim: torch.Tensor, pos_col: torch.Tensor, doc_ids: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Mean over rows of ``-log softmax(sim_i)[pos_col_i]``; columns holding the same pool id as row i's positive
+    (``doc_ids``) other than ``pos_col_i`` itself are left out of the softmax."""
+    sim = sim.float()
+    if doc_ids is not None:
+        dup = doc_ids[None, :] == doc_ids[pos_col][:, None]
+        dup[torch.arange(sim.shape[0], device=sim.device), pos_col] = False
+        sim = sim.masked_fill(dup, float("-inf"))
+    return F.cross_entropy(sim, pos_col)
+
+
+def _own_block(sim: torch.Tensor, group_size: int) -> torch.Tensor:
+    """``(B, group_size)``: each row's similarities to its own instance's rows."""
+    B = sim.shape[0]
+    cols = group_size * torch.arange(B, device=sim.device)[:, None] + torch.arange(
+        group_size, device=sim.device
+    )
+    return sim.gather(1, cols)
+
+
+def listwise_loss(
+    sim: torch.Tensor,
+    teacher: torch.Tensor,
+    valid: torch.Tensor,
+    group_size: int,
+    weight: float = 1.0,
+    doc_ids: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """UDR's listwise ranking loss over each instance's ``group_size`` candidates (rows ordered best first by the
+    ``teacher`` score; ``valid`` masks padding), averaged over instances, + ``weight`` x in-batch contrastive.
+
+    sim: ``(B, group_size*B)``; teacher, valid: ``(B, group_size)``.
+    """
+    own = _own_block(sim, group_size).float()
+    t = teacher.float().masked_fill(~valid, float("-inf"))
+    # rank 1 = best by teacher (ties: earlier row first)
+    order = torch.argsort(-t, dim=1, stable=True)
+    rank = torch.empty_like(order)
+    rank.scatter_(1, order, torch.arange(1, group_size + 1, device=sim.device).expand_as(order))
+    inv = 1.0 / rank.float()
+    w = (inv[:, :, None] - inv[:, None, :]).clamp(min=0)  # w[a, b] > 0 where a ranks above b
+    w = w * (valid[:, :, None] & valid[:, None, :])
+    pair = F.softplus(own[:, None, :] - own[:, :, None])  # log(1 + exp(sim_b - sim_a))
+    rank_loss = (w * pair).sum((1, 2)).mean()
+    if weight == 0:
+        return rank_loss
+    best = group_size * torch.arange(sim.shape[0], device=sim.device) + order[:, 0]
+    return rank_loss + weight * inbatch_contrastive(sim, best, doc_ids)
+
+
+def distill_loss(
+    sim: torch.Tensor,
+    teacher: torch.Tensor,
+    valid: torch.Tensor,
+    group_size: int,
+    teacher_temperature: float = 1.0,
+    weight: float = 0.2,
+    doc_ids: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """LLM-R's distillation: mean over instances of ``KL(p_teacher || p_retriever)`` over the instance's valid
+    candidates, ``p_teacher = softmax(teacher / teacher_temperature)``, ``p_retriever = softmax(sim)``, +
+    ``weight`` x in-batch contrastive with the teacher's best candidate as positive."""
+    own = _own_block(sim, group_size).float()
+    neg_inf = float("-inf")
+    log_p_t = torch.log_softmax((teacher.float() / teacher_temperature).masked_fill(~valid, neg_inf), dim=1)
+    log_p_s = torch.log_softmax(own.masked_fill(~valid, neg_inf), dim=1)
+    p_t = log_p_t.exp()
+    kl = torch.where(valid, p_t * (log_p_t - log_p_s), torch.zeros_like(p_t)).sum(1).mean()
+    if weight == 0:
+        return kl
+    best_in_group = teacher.float().masked_fill(~valid, neg_inf).argmax(1)
+    best = group_size * torch.arange(sim.shape[0], device=sim.device) + best_in_group
+    return kl + weight * inbatch_contrastive(sim, best, doc_ids)
+
+
+def group_loss(
+    kind: str,
+    q: torch.Tensor,
+    d: torch.Tensor,
+    group_size: int,
+    temperature: float = 1.0,
+    teacher: torch.Tensor | None = None,
+    valid: torch.Tensor | None = None,
+    doc_ids: torch.Tensor | None = None,
+    weight: float = 1.0,
+    teacher_temperature: float = 1.0,
+) -> torch.Tensor:
+    """The loss ``kind`` (epr | listwise | distill) of queries ``q (B, H)`` against docs ``d (group_size*B, H)``."""
+    if d.shape[0] != group_size * q.shape[0]:
+        raise ValueError(f"{d.shape[0]} docs for {q.shape[0]} queries x group_size {group_size}")
+    sim = (q @ d.T) / temperature
+    if kind == "epr":  # the paper's loss as published: no masking of duplicate in-batch negatives
+        return inbatch_contrastive(sim, group_size * torch.arange(q.shape[0], device=q.device))
+    if teacher is None:
+        raise ValueError(f"loss {kind!r} needs the candidates' teacher scores")
+    if valid is None:
+        valid = torch.ones_like(teacher, dtype=torch.bool)
+    if kind == "listwise":
+        return listwise_loss(sim, teacher, valid, group_size, weight, doc_ids)
+    if kind == "distill":
+        return distill_loss(sim, teacher, valid, group_size, teacher_temperature, weight, doc_ids)
+    raise ValueError(f"unknown loss {kind!r} (epr | listwise | distill)")
+
+
+def gather_plain(t: torch.Tensor) -> torch.Tensor:
+    """All-gather a tensor that needs no gradient (ids, teacher scores, masks); ``t`` itself without
+    torch.distributed."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return t
+    parts = [torch.empty_like(t) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, t.contiguous())
+    return torch.cat(parts)
 
 
 def gather_keep_local_grad(t: torch.Tensor) -> tuple[torch.Tensor, int]:

@@ -58,7 +58,9 @@ class ScoreCache:
     def get(self, contexts: Sequence[str], targets: Sequence[str]) -> list[float | None]:
         return [self._mem.get(pair_key(c, t)) for c, t in zip(contexts, targets)]
 
-    def put(self, contexts: Sequence[str], targets: Sequence[str], scores: Sequence[float], name: str) -> None:
+    def put(
+        self, contexts: Sequence[str], targets: Sequence[str], scores: Sequence[float], name: str
+    ) -> None:
         new = {pair_key(c, t): float(s) for c, t, s in zip(contexts, targets, scores)}
         if not new:
             return

@@ -13,7 +13,7 @@ import numpy as np
 
 from epr.types import Example, InputError
 
-__all__ = ["LabelRow", "read_labels", "split_dev", "sample_pair", "recall_mrr"]
+__all__ = ["LabelRow", "read_labels", "split_dev", "sample_pair", "sample_group", "recall_mrr"]
 
 
 @dataclass(frozen=True)
@@ -21,6 +21,8 @@ class LabelRow:
     qid: int
     pos: tuple[int, ...]
     neg: tuple[int, ...]
+    cands: tuple[int, ...] = ()  # every scored candidate, best first
+    cand_scores: tuple[float, ...] = ()
 
 
 def read_labels(rows: Sequence[dict], n_pool: int, where: str = "labels.jsonl") -> list[LabelRow]:
@@ -35,10 +37,15 @@ def read_labels(rows: Sequence[dict], n_pool: int, where: str = "labels.jsonl") 
                 f"{where}:{i}: query {r.get('qid')} has {len(pos)} positives and {len(neg)} negatives; "
                 "each instance needs at least one of both"
             )
-        bad = [x for x in (r["qid"], *pos, *neg) if not 0 <= int(x) < n_pool]
+        cands, cs = tuple(r.get("cands") or ()), tuple(r.get("cand_scores") or ())
+        if len(cands) != len(cs):
+            raise InputError(f"{where}:{i}: {len(cands)} candidates but {len(cs)} candidate scores")
+        if any(s is None for s in cs):
+            raise InputError(f"{where}:{i}: a candidate score is null (unscored candidates are left out)")
+        bad = [x for x in (r["qid"], *pos, *neg, *cands) if not 0 <= int(x) < n_pool]
         if bad:
             raise InputError(f"{where}:{i}: ids {bad} are not in the pool of {n_pool} examples")
-        out.append(LabelRow(int(r["qid"]), pos, neg))
+        out.append(LabelRow(int(r["qid"]), pos, neg, cands, tuple(float(s) for s in cs)))
     return out
 
 
@@ -54,6 +61,32 @@ def split_dev(labels: list[LabelRow], dev_size: int, seed: int) -> tuple[list[La
 def sample_pair(row: LabelRow, seed: int, epoch: int) -> tuple[int, int]:
     rng = np.random.default_rng([seed, epoch, row.qid])
     return row.pos[rng.integers(len(row.pos))], row.neg[rng.integers(len(row.neg))]
+
+
+def sample_group(
+    row: LabelRow, size: int, seed: int, epoch: int
+) -> tuple[list[int], list[float], list[bool]]:
+    """``size`` of the instance's scored candidates for the listwise / distillation losses: the best one and a
+    seeded sample of the others (all of them when there are at most ``size``), best first by score; padded
+    (repeating the best, ``valid`` False) when the instance has fewer. Seeded by (seed, epoch, qid)."""
+    if not row.cands:
+        raise InputError(
+            f"query {row.qid}: its label row has no scored candidate list (labels written by an older version: "
+            "rerun the labels stage)"
+        )
+    n = len(row.cands)
+    rest = np.arange(1, n)
+    if n > size:
+        rest = np.sort(np.random.default_rng([seed, epoch, row.qid]).choice(rest, size - 1, replace=False))
+    pick = [0, *rest.tolist()]
+    ids = [row.cands[j] for j in pick]
+    scores = [row.cand_scores[j] for j in pick]
+    valid = [True] * len(pick)
+    while len(ids) < size:
+        ids.append(row.cands[0])
+        scores.append(row.cand_scores[0])
+        valid.append(False)
+    return ids, scores, valid
 
 
 def recall_mrr(

@@ -53,8 +53,9 @@ def test_checkpoint_resume_gives_identical_next_batch(tmp_path, tiny_task_files,
     rows = read_labels(
         [json.loads(x) for x in (ctx.stage_dir("labels") / "labels.jsonl").read_text().splitlines()], 24
     )
-    full = list(train_epr.get_dataloader(rows, 4, 42, 0))
-    resumed = list(train_epr.get_dataloader(rows, 4, 42, 0))[3:]
+    tc = ctx.cfg.train
+    full = list(train_epr.get_dataloader(rows, 4, 42, 0, tc))
+    resumed = list(train_epr.get_dataloader(rows, 4, 42, 0, tc))[3:]
     assert full[3:] == resumed and full[0] != full[1]
     train_epr.train(ctx)
     ck = sorted((ctx.stage_dir("encoder") / "checkpoints").iterdir(), key=lambda p: int(p.name.split("_")[1]))
@@ -106,3 +107,57 @@ def test_two_process_accelerate_launch(tmp_path, tiny_task_files, minilm_dir):
     assert r.returncode == 0, r.stderr[-3000:]
     m = json.loads((ctx.stage_dir("encoder") / "manifest.json").read_text())
     assert m["processes"] == 2 and m["rows"]["steps"] >= 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("loss,chunk", [("epr", 0), ("epr", 2), ("distill", 0), ("listwise", 3)])
+def test_two_processes_give_the_one_process_gradient(tmp_path, minilm_dir, loss, chunk):
+    """Both towers' gradients of one step on 8 instances: 2 gloo processes (4 each) == 1 process (all 8)."""
+    worker = str(ROOT / "tests" / "dist_grad_worker.py")
+    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
+    one, two = tmp_path / "one.pt", tmp_path / "two.pt"
+    r1 = subprocess.run(
+        [sys.executable, worker, str(one), loss, str(chunk), minilm_dir],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert r1.returncode == 0, r1.stderr[-3000:]
+    r2 = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "2",
+            "--master_port",
+            "29547",
+            worker,
+            str(two),
+            loss,
+            str(chunk),
+            minilm_dir,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
+    assert r2.returncode == 0, r2.stderr[-3000:]
+    import torch
+
+    a, b = torch.load(one), torch.load(two)
+    assert a["loss"] == pytest.approx(b["loss"], rel=1e-5)
+    # unused parameters (the pooler) get zero gradients in the all-reduce, None in one process
+    assert set(a["grads"]) <= set(b["grads"])
+    assert all(not b["grads"][n].any() for n in set(b["grads"]) - set(a["grads"]))
+    towers = {n.split(".")[0] for n in a["grads"]}
+    assert towers == {"q_model", "p_model"}  # both towers have gradients, and both must match
+    for tower in towers:  # (the defect this guards against: 27% relative error on the prompt tower)
+        names = [n for n in a["grads"] if n.startswith(tower)]
+        g = torch.cat([a["grads"][n].flatten() for n in names])
+        h = torch.cat([b["grads"][n].flatten() for n in names])
+        assert ((h - g).norm() / g.norm()).item() < 1e-5, tower
+        scale = g.abs().max().item()
+        for n in names:  # element-wise too, on the tower's scale (some gradients are exactly 0 up to rounding)
+            torch.testing.assert_close(b["grads"][n], a["grads"][n], rtol=1e-4, atol=1e-5 * scale, msg=n)

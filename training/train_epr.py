@@ -9,8 +9,11 @@ Launch (reads the run's ``labels`` and ``examples`` stages, writes ``runs/<name>
     ACCELERATE_USE_CPU=1 torchrun --nproc_per_node 2 training/train_epr.py -c ...  # several CPU processes
     (accelerate's own launcher starts a single process on a machine without GPUs)
 
-Each instance gets one sampled positive and one sampled hard negative; every other instance's positive and
-negative (gathered across processes) are negatives too: 2B-1 in all. ``train.chunk_size > 0`` turns on
+``train.loss``: ``epr`` (the paper's: each instance gets one sampled positive and one sampled hard negative, and
+every other instance's documents, gathered across processes, are negatives too: 2B-1 in all), ``listwise`` (UDR)
+or ``distill`` (LLM-R), which learn from ``train.list_size`` scored candidates per instance (epr/loss.py).
+``train.similarity``: ``dot`` (EPR) or ``cosine`` with a temperature. The epoch with the best dev metric
+(``train.best_by``; epoch 0 is the untrained encoder) is the one saved. ``train.chunk_size > 0`` turns on
 gradient caching, so the batch size is bounded by time, not memory.
 """
 
@@ -31,43 +34,85 @@ from tqdm.auto import tqdm
 from transformers import get_linear_schedule_with_warmup
 
 from epr.artifacts import read_jsonl, write_manifest
-from epr.config import load_config
+from epr.config import load_config, train_loss_weight, train_temperature
 from epr.encoder import DualEncoder
-from epr.loss import contrastive_loss, gather_keep_local_grad, grad_cache_backward
+from epr.loss import gather_keep_local_grad, gather_plain, grad_cache_backward, group_loss
 from epr.pipeline import stage_fingerprint
 from epr.stages.context import Context
-from epr.train_data import demo_text, read_labels, recall_mrr, sample_pair, split_dev
+from epr.train_data import demo_text, read_labels, recall_mrr, sample_group, sample_pair, split_dev
 
 log = logging.getLogger("train_epr")
 
 
-def get_dataloader(rows, batch_size: int, seed: int, epoch: int) -> DataLoader:
-    """Instances in a seeded per-epoch order; the collate samples (pos, neg) from (seed, epoch, qid)."""
+def get_dataloader(rows, batch_size: int, seed: int, epoch: int, tc) -> DataLoader:
+    """Instances in a seeded per-epoch order; the collate samples each instance's documents from (seed, epoch,
+    qid), so what an instance sees does not depend on the number of processes."""
     order = np.random.default_rng([seed, epoch]).permutation(len(rows))
     return DataLoader(
         [rows[i] for i in order],
         batch_size=batch_size,
         shuffle=False,
         drop_last=True,
-        collate_fn=lambda b: [(r.qid, *sample_pair(r, seed, epoch)) for r in b],
+        collate_fn=lambda b: make_batch(b, tc, seed, epoch),
     )
 
 
-def compute_loss(model: DualEncoder, batch, pool, task, cfg, accelerator) -> torch.Tensor:
-    """Forward + backward for one batch. Returns the detached loss."""
+def make_batch(rows, tc, seed: int, epoch: int) -> dict:
+    """The documents of a batch: ``group`` rows per instance (EPR: a sampled positive and hard negative;
+    listwise / distill: ``list_size`` scored candidates, best first, with their LM scores as ``teacher``)."""
+    if tc.loss == "epr":
+        ids = [list(sample_pair(r, seed, epoch)) for r in rows]
+        return {"qids": [r.qid for r in rows], "ids": ids, "group": 2}
+    groups = [sample_group(r, tc.list_size, seed, epoch) for r in rows]
+    return {
+        "qids": [r.qid for r in rows],
+        "ids": [g[0] for g in groups],
+        "teacher": torch.tensor([g[1] for g in groups], dtype=torch.float32),
+        "valid": torch.tensor([g[2] for g in groups], dtype=torch.bool),
+        "group": tc.list_size,
+    }
+
+
+def compute_loss(model: DualEncoder, batch: dict, pool, task, tc, accelerator) -> torch.Tensor:
+    """Forward + backward for one batch; returns the detached loss of the whole (all-process) batch.
+
+    Every process embeds its own instances, gathers all queries and documents, and computes the loss of the
+    whole batch, in which only its own slice carries gradient; summing the processes' gradients
+    (:func:`sum_gradients`) then gives exactly the one-process gradient of the whole batch (tested)."""
     unwrapped = accelerator.unwrap_model(model)
-    qs = [pool[q].input for q, _, _ in batch]
-    ds = [demo_text(task, pool[i]) for _, p, n in batch for i in (p, n)]  # pos_i at 2i, neg_i at 2i+1
+    qs = [pool[q].input for q in batch["qids"]]
+    ds = [demo_text(task, pool[i]) for g in batch["ids"] for i in g]
+    G = batch["group"]
+    doc_ids = torch.tensor([i for g in batch["ids"] for i in g])
+    teacher, valid = batch.get("teacher"), batch.get("valid")
+    extra = (gather_plain(doc_ids),)
+    if teacher is not None:
+        extra += (gather_plain(teacher), gather_plain(valid))
+    temp, weight = train_temperature(tc), train_loss_weight(tc)
 
     def loss_fn(q, d):
+        q_all, _ = gather_keep_local_grad(q)
         d_all, _ = gather_keep_local_grad(d)
-        q_off = gather_keep_local_grad(q)[1]  # local queries' offset in the gathered batch
-        return contrastive_loss(q, d_all, group_size=2, temperature=cfg.temperature, q_offset=q_off)
+        dev = q_all.device
+        ids_all = extra[0].to(dev)
+        t_all, v_all = (extra[1].to(dev), extra[2].to(dev)) if teacher is not None else (None, None)
+        return group_loss(
+            tc.loss,
+            q_all,
+            d_all,
+            G,
+            temperature=temp,
+            teacher=t_all,
+            valid=v_all,
+            doc_ids=ids_all,
+            weight=weight,
+            teacher_temperature=tc.teacher_temperature,
+        )
 
-    if cfg.chunk_size and cfg.chunk_size < len(qs):
-        cs = cfg.chunk_size
+    if tc.chunk_size and tc.chunk_size < len(qs):
+        cs = tc.chunk_size
         q_chunks = [unwrapped.tokenize(qs[i : i + cs]) for i in range(0, len(qs), cs)]
-        d_chunks = [unwrapped.tokenize(ds[i : i + 2 * cs]) for i in range(0, len(ds), 2 * cs)]
+        d_chunks = [unwrapped.tokenize(ds[i : i + G * cs]) for i in range(0, len(ds), G * cs)]
         return grad_cache_backward(
             lambda b: unwrapped(b, "query"),
             lambda b: unwrapped(b, "prompt"),
@@ -81,10 +126,11 @@ def compute_loss(model: DualEncoder, batch, pool, task, cfg, accelerator) -> tor
     return loss.detach()
 
 
-def average_gradients(model: torch.nn.Module, accelerator) -> None:
-    """Mean of the gradients over processes. The towers run several forward passes per step (two towers,
-    GradCache re-forwards), which DDP's hooks do not allow, so forward/backward use the unwrapped module and
-    the gradients are averaged here, as DDP would."""
+def sum_gradients(model: torch.nn.Module, accelerator) -> None:
+    """Sum the gradients over processes. Each process back-propagated the whole batch's loss through its own
+    slice of embeddings only, so the sum is the gradient of the whole batch. (The towers run several forward
+    passes per step, two towers and GradCache re-forwards, which DDP's hooks do not allow, so forward/backward
+    use the unwrapped module and the reduction is done here.)"""
     if accelerator.num_processes == 1:
         return
     import torch.distributed as dist
@@ -93,7 +139,6 @@ def average_gradients(model: torch.nn.Module, accelerator) -> None:
         if p.grad is None:
             p.grad = torch.zeros_like(p)
         dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
-        p.grad /= accelerator.num_processes
 
 
 def evaluate(model: DualEncoder, dev, cands: dict, pool, task, k: int) -> dict:
@@ -128,7 +173,11 @@ def train(ctx: Context, resume: bool = False) -> dict:
     k = cfg.labels.k_pos
 
     model = DualEncoder.from_pretrained(
-        cfg.models.encoder, tie=tc.tie_encoders, max_length=tc.max_length, cache=cfg.models.cache_dir
+        cfg.models.encoder,
+        tie=tc.tie_encoders,
+        max_length=tc.max_length,
+        cache=cfg.models.cache_dir,
+        similarity=tc.similarity,
     )
     per_proc = tc.batch_size
     steps_per_epoch = len(train_rows) // (per_proc * accelerator.num_processes)
@@ -159,11 +208,13 @@ def train(ctx: Context, resume: bool = False) -> dict:
             }
         )
         accelerator.print(f"untrained: {history[-1]}")
+        if accelerator.is_main_process:  # epoch 0 is a candidate for the best epoch too
+            accelerator.unwrap_model(model).save_pretrained(out / "best_model")
 
     step = start_epoch * steps_per_epoch + skip
     for epoch in range(start_epoch, tc.epochs):
         model.train()
-        dl = accelerator.prepare(get_dataloader(train_rows, per_proc, tc.seed, epoch))
+        dl = accelerator.prepare(get_dataloader(train_rows, per_proc, tc.seed, epoch, tc))
         if skip:
             dl = accelerator.skip_first_batches(dl, skip)
         losses = []
@@ -171,7 +222,7 @@ def train(ctx: Context, resume: bool = False) -> dict:
         for i, batch in enumerate(bar, start=skip):
             with accelerator.accumulate(model):
                 loss = compute_loss(model, batch, pool, ctx.task, tc, accelerator)
-                average_gradients(accelerator.unwrap_model(model), accelerator)
+                sum_gradients(accelerator.unwrap_model(model), accelerator)
                 opt.step()
                 sched.step()
                 opt.zero_grad()
@@ -190,11 +241,21 @@ def train(ctx: Context, resume: bool = False) -> dict:
         }
         history.append(row)
         accelerator.print(f"epoch {epoch + 1}: {row}")
+        if accelerator.is_main_process and best_epoch(history, tc.best_by, k) == epoch + 1:
+            accelerator.unwrap_model(model).save_pretrained(out / "best_model")
         _checkpoint(accelerator, ckpt_root, step, epoch + 1, 0, history)
 
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
-        accelerator.unwrap_model(model).save_pretrained(out / "model")
+        best = best_epoch(history, tc.best_by, k)
+        if best == history[-1]["epoch"]:
+            accelerator.unwrap_model(model).save_pretrained(out / "model")
+        else:
+            import shutil
+
+            shutil.rmtree(out / "model", ignore_errors=True)
+            shutil.copytree(out / "best_model", out / "model")
+        accelerator.print(f"kept epoch {best} (train.best_by={tc.best_by})")
         (out / "history.json").write_text(json.dumps(history, indent=2) + "\n")
         _plot(history, out / "training_curve.png", k)
         write_manifest(
@@ -203,10 +264,19 @@ def train(ctx: Context, resume: bool = False) -> dict:
             fp=stage_fingerprint(ctx, "encoder"),
             config=ctx.cfg.section("train"),
             rows={"train_instances": len(train_rows), "dev_instances": len(dev), "steps": step},
-            extra={"history": history, "processes": accelerator.num_processes},
+            extra={"history": history, "processes": accelerator.num_processes, "best_epoch": best},
         )
     accelerator.end_training()
     return {"history": history}
+
+
+def best_epoch(history: list[dict], by: str, k: int) -> int:
+    """The epoch (0 = untrained) whose dev metric is best (the earliest of equals); the last one for ``last`` or
+    without a dev set."""
+    key = {"mrr": "mrr", "recall": f"recall@{k}"}.get(by)
+    if key is None or key not in history[0]:
+        return history[-1]["epoch"]
+    return max(history, key=lambda h: (h[key], -h["epoch"]))["epoch"]
 
 
 def _checkpoint(accelerator, root: Path, step: int, epoch: int, step_in_epoch: int, history) -> None:

@@ -1,4 +1,5 @@
-"""Stage ``labels``: top-k positives and bottom-k hard negatives per training example, ties broken by id.
+"""Stage ``labels``: top-k positives and bottom-k hard negatives per training example, ties broken by id, and
+every scored candidate with its score (best first) for the losses that use them all.
 
 ``labels.source = lm`` ranks candidates by the LM score (EPR); ``bm25`` by the BM25 score (DR-BM25).
 """
@@ -17,7 +18,8 @@ log = logging.getLogger(__name__)
 
 def select_labels(ids: Sequence[int], scores: Sequence[float | None], k_pos: int, k_neg: int) -> dict:
     """Positives: the ``k_pos`` best by (score desc, id asc); negatives: the ``k_neg`` worst of the same order,
-    never overlapping the positives. Candidates with a ``None`` score are left out."""
+    never overlapping the positives. Candidates with a ``None`` score are left out. ``cands`` / ``cand_scores``:
+    every scored candidate in that order (what the listwise and distillation losses learn from)."""
     scored = [(s, i) for i, s in zip(ids, scores) if s is not None]
     order = sorted(scored, key=lambda t: (-t[0], t[1]))
     pos = order[:k_pos]
@@ -27,6 +29,8 @@ def select_labels(ids: Sequence[int], scores: Sequence[float | None], k_pos: int
         "neg": [i for _, i in neg],
         "pos_scores": [s for s, _ in pos],
         "neg_scores": [s for s, _ in neg],
+        "cands": [i for _, i in order],
+        "cand_scores": [s for s, _ in order],
     }
 
 

@@ -100,8 +100,11 @@ def score_chunk(
         )
     keep = [i for i in todo if i not in too_long]
     if keep and scorer.prefix_share:
-        vals = scorer.score_prefixed([demos[i] for i in keep], [queries[i] + targets[i] for i in keep],
-                                     n_query=[len(queries[i]) for i in keep])
+        vals = scorer.score_prefixed(
+            [demos[i] for i in keep],
+            [queries[i] + targets[i] for i in keep],
+            n_query=[len(queries[i]) for i in keep],
+        )
     elif keep:
         pos = {i: j for j, i in enumerate(todo)}
         vals = scorer.score_ids([pairs[pos[i]] for i in keep])
