@@ -122,6 +122,9 @@ def train_loss_weight(tc: TrainConfig) -> float:
 class RetrieveConfig:
     retrievers: tuple[str, ...] = ("random", "bm25", "sbert", "epr", "bm25-oracle")
     k: int = 50  # retrieved before fitting into the prompt budget
+    oracle_candidates: int | None = (
+        None  # lm-oracle: BM25-Oracle candidates the LM re-ranks; None: candidates.L
+    )
     index_factory: str = "Flat"  # faiss factory string, inner product
     prompt_budget: int = 768  # inference-LM tokens for demos + query + reserved answer room
     answer_reserve: int = 96

@@ -85,19 +85,30 @@ class FastLlama(torch.nn.Module):
                     )
                 )
 
-    @torch.inference_mode()
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+    def _rope(self, pos: torch.Tensor, like: torch.Tensor):
+        """cos and signed sin for positions ``pos (B, T)`` (or ``(1, T)``), shaped ``(B, T, 1, D)``."""
+        cos, sin = self.rotary(like, pos)
+        half = self.D // 2
+        # rotate_half(x) * sin == roll(x, D/2) * [-sin_lo, sin_hi]
+        sin = torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)
+        return cos[:, :, None, :], sin[:, :, None, :]
+
+    def _layers(self, ids, pos, past=None, past_mask=None, keep_kv=False):
+        """The decoder stack. ``past``: per layer ``(k, v)`` of ``(B, Hkv, P, D)`` that every query attends to where
+        ``past_mask (B, P)`` is True (a shared prefix); the new tokens attend causally among themselves."""
         B, T = ids.shape
         H, Hkv, D = self.H, self.Hkv, self.D
         x = self.embed(ids)
-        cos, sin = self.rotary(x, torch.arange(T, device=ids.device)[None])  # (1, T, D), x.dtype
-        cos = cos[:, :, None, :]
+        cos, sin = self._rope(pos, x)
         half = D // 2
-        # rotate_half(x) * sin == roll(x, D/2) * [-sin_lo, sin_hi]
-        sin = torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)[:, :, None, :]
         h = x.reshape(B * T, -1)
         nq, nk = H * D, Hkv * D
-        for ln1, wqkv, wo, ln2, wgu, wd in self.layers:
+        mask = None
+        if past is not None:
+            causal = torch.ones(T, T, dtype=torch.bool, device=ids.device).tril()
+            mask = torch.cat([past_mask[:, None, :].expand(B, T, -1), causal.expand(B, T, T)], dim=2)[:, None]
+        kvs = []
+        for li, (ln1, wqkv, wo, ln2, wgu, wd) in enumerate(self.layers):
             a = _rms_norm(h, ln1, self.eps)
             qkv = wqkv(a)
             qk = qkv[:, : nq + nk].view(B, T, H + Hkv, D)
@@ -105,12 +116,48 @@ class FastLlama(torch.nn.Module):
             q = qk[:, :, :H].transpose(1, 2)
             k = qk[:, :, H:].transpose(1, 2)
             v = qkv[:, nq + nk :].view(B, T, Hkv, D).transpose(1, 2)
-            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale, enable_gqa=Hkv != H)
+            if keep_kv:
+                kvs.append((k, v))
+            if past is None:
+                o = F.scaled_dot_product_attention(
+                    q, k, v, is_causal=True, scale=self.scale, enable_gqa=Hkv != H
+                )
+            else:
+                pk, pv = past[li]
+                o = F.scaled_dot_product_attention(
+                    q,
+                    torch.cat([pk, k], dim=2),
+                    torch.cat([pv, v], dim=2),
+                    attn_mask=mask,
+                    scale=self.scale,
+                    enable_gqa=Hkv != H,
+                )
             h = h + wo(o.transpose(1, 2).reshape(B * T, nq))
             a = _rms_norm(h, ln2, self.eps)
             gu = wgu(a)
             h = h + wd(F.silu(gu[:, : self.I]) * gu[:, self.I :])
-        return _rms_norm(h, self.final_w, self.eps).view(B, T, -1)
+        return _rms_norm(h, self.final_w, self.eps).view(B, T, -1), kvs
+
+    @torch.inference_mode()
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        T = ids.shape[1]
+        return self._layers(ids, torch.arange(T, device=ids.device)[None])[0]
+
+    @torch.inference_mode()
+    def prefix_kv(self, ids: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per-layer keys/values ``(G, Hkv, P, D)`` of right-padded prefixes ``ids (G, P)`` (pads never matter:
+        the prefix tokens before them do not attend to them, and the suffixes mask them out)."""
+        T = ids.shape[1]
+        return self._layers(ids, torch.arange(T, device=ids.device)[None], keep_kv=True)[1]
+
+    @torch.inference_mode()
+    def forward_after(
+        self, ids: torch.Tensor, start: torch.Tensor, past: list, past_mask: torch.Tensor
+    ) -> torch.Tensor:
+        """Hidden states of right-padded suffixes ``ids (B, S)`` that continue prefixes of lengths ``start (B,)``,
+        given the prefixes' per-layer keys/values ``(B, Hkv, P, D)`` and their validity ``past_mask (B, P)``."""
+        pos = start[:, None] + torch.arange(ids.shape[1], device=ids.device)[None]
+        return self._layers(ids, pos, past, past_mask)[0]
 
 
 def fast_backbone(model) -> FastLlama | None:

@@ -38,7 +38,7 @@ class Stage:
 def _scores_keys(ctx: Context) -> dict:
     from epr.stages.scores import scoring_key
 
-    return scoring_key(ctx)
+    return scoring_key(ctx.cfg)
 
 
 def _const(*deps: str):

@@ -94,30 +94,65 @@ class DenseRetriever:
 class LMOracleRetriever:
     """BM25-Oracle's top ``L`` candidates, re-ranked by the scoring LM with the gold output (ties by id).
 
-    Costs ``L`` scored sequences per query, like label generation; returns ``min(k, L)`` ids."""
+    ``L`` is ``retrieve.oracle_candidates`` (default: ``candidates.L``, the label set's L, so LM-Oracle is what the
+    labels could teach). Costs ``L`` scored sequences per query, like label generation, scored in chunks with a
+    progress bar and reusing the run root's score cache (the same sequences as labels); returns ``min(k, L)`` ids."""
 
     name, is_oracle = "lm-oracle", True
 
-    def __init__(self, pool: Sequence[Example], task, scorer, L: int = 50, backend: str = "bm25s"):
+    def __init__(
+        self,
+        pool: Sequence[Example],
+        task,
+        scorer,
+        L: int = 50,
+        backend: str = "bm25s",
+        cache=None,
+        chunk: int = 32,
+    ):
         self.pool, self.task, self.scorer, self.L = pool, task, scorer, L
+        self.cache, self.chunk = cache, chunk
         self.first = BM25Retriever(pool, "output", backend, oracle=True)
 
+    def _scores(self, ctx: list[str], tgt: list[str]) -> np.ndarray:
+        s = np.full(len(ctx), -np.inf)  # a candidate too long for the LM's context ranks last
+        known = self.cache.get(ctx, tgt) if self.cache is not None else [None] * len(ctx)
+        todo = [i for i, v in enumerate(known) if v is None]
+        for i, v in enumerate(known):
+            if v is not None:
+                s[i] = v
+        if todo:
+            pairs = self.scorer.encode([ctx[i] for i in todo], [tgt[i] for i in todo])
+            long = set(self.scorer.too_long(pairs))
+            ok = [j for j in range(len(todo)) if j not in long]
+            vals = np.round(self.scorer.score_ids([pairs[j] for j in ok]), 4) if ok else []
+            for j, v in zip(ok, vals):
+                s[todo[j]] = v
+            if self.cache is not None and ok:
+                self.cache.put(
+                    [ctx[todo[j]] for j in ok], [tgt[todo[j]] for j in ok], list(vals), "lm-oracle"
+                )
+        return s
+
     def retrieve(self, queries, k, exclude=None):
-        cand = self.first.retrieve(queries, max(k, self.L), exclude)
+        from tqdm.auto import tqdm
+
+        cand = self.first.retrieve(queries, self.L, exclude)
         t = self.task
-        ctx = [
-            t.format_demo(self.pool[c]) + t.format_query(q.input)
-            for q, row in zip(queries, cand)
-            for c in row
-        ]
-        tgt = [t.format_target(q.output) for q, row in zip(queries, cand) for _ in row]
-        pairs = self.scorer.encode(ctx, tgt)
-        s = np.full(len(pairs), -np.inf)  # a candidate too long for the LM's context ranks last
-        ok = sorted(set(range(len(pairs))) - set(self.scorer.too_long(pairs)))
-        s[ok] = self.scorer.score_ids([pairs[i] for i in ok])
-        s = s.reshape(cand.shape)
-        order = np.lexsort((cand, -s), axis=1)  # best score first, ties by id
-        return np.take_along_axis(cand, order, axis=1)[:, :k]
+        out = np.empty((len(queries), min(k, cand.shape[1])), dtype=cand.dtype)
+        bar = tqdm(total=len(queries), desc=f"lm-oracle (L={self.L})", unit="query")
+        for s0 in range(0, len(queries), self.chunk):
+            qs, cs = queries[s0 : s0 + self.chunk], cand[s0 : s0 + self.chunk]
+            ctx = [
+                t.format_demo(self.pool[c]) + t.format_query(q.input) for q, row in zip(qs, cs) for c in row
+            ]
+            tgt = [t.format_target(q.output) for q, row in zip(qs, cs) for _ in row]
+            sc = self._scores(ctx, tgt).reshape(cs.shape)
+            order = np.lexsort((cs, -sc), axis=1)  # best score first, ties by id
+            out[s0 : s0 + len(qs)] = np.take_along_axis(cs, order, axis=1)[:, :k]
+            bar.update(len(qs))
+        bar.close()
+        return out
 
 
 def dr_bm25_config(cfg):
@@ -159,8 +194,11 @@ def make_retriever(name: str, pool: Sequence[Example], task, cfg, run_dir, encod
         key = f"lm:{cfg.models.lm}"
         if key not in encoders:
             encoders[key] = load_lm_for(cfg.models)
+        from epr.stages.scores import score_cache
+
         scorer = LMScorer(*encoders[key], batch_tokens=cfg.scoring.batch_tokens, forward=cfg.scoring.forward)
-        return LMOracleRetriever(pool, task, scorer, cfg.candidates.L, cfg.candidates.backend)
+        L = cfg.retrieve.oracle_candidates or cfg.candidates.L
+        return LMOracleRetriever(pool, task, scorer, L, cfg.candidates.backend, cache=score_cache(cfg))
     if name == "sbert":
         st = encoders.setdefault("sbert", load_encoder(cfg.models.encoder, cfg.models.cache_dir))
 

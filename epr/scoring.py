@@ -120,6 +120,77 @@ class LMScorer:
             out[[items[j].pos for j in batch]] = sums
         return out
 
+    def score_prefixed(self, prefixes: Sequence[str], contexts: Sequence[str], targets: Sequence[str]):
+        """Like :meth:`LMScorer.score` for ``contexts[i] = prefixes[i] + ...``, computing each distinct prefix's
+        key/value cache once for all the sequences that start with it (EPR's label scoring: a demonstration followed by
+        many ``[x][y]``). Token ids are exactly those of the plain scorer: a pair whose tokenisation does not start with
+        its prefix's tokens (a merge across the seam) is split after its first token instead. Equal to the plain scorer
+        within float rounding (tested); needs the lean forward (else falls back to it)."""
+        pairs = self.encode(contexts, targets)
+        long = self.too_long(pairs)
+        if long:
+            i = long[0]
+            raise SequenceTooLong(
+                f"{len(long)} sequence(s) exceed the model context of {self.max_length} tokens "
+                f"(first: pair {i}, {len(pairs[i][0])}+{len(pairs[i][1])} tokens)"
+            )
+        from epr.fastlm import FastLlama
+
+        if not isinstance(self.backbone, FastLlama):
+            return self.score_ids(pairs)
+        pre = self.tok(list(prefixes), add_special_tokens=True)["input_ids"]
+        groups: dict[tuple[int, ...], list[int]] = {}
+        plain: list[int] = []
+        for i, ((c, _t), p) in enumerate(zip(pairs, pre)):
+            n = len(p) if 0 < len(p) < len(c) and c[: len(p)] == p else 1
+            if len(c) < 2:  # the first target token is predicted inside any prefix: no split
+                plain.append(i)
+                continue
+            groups.setdefault(tuple(c[:n]), []).append(i)
+        out = np.zeros(len(pairs), dtype=np.float64)
+        if plain:
+            out[plain] = self.score_ids([pairs[i] for i in plain])
+        keys = sorted(groups, key=lambda k: (len(k), k))
+        pad = self.tok.pad_token_id if self.tok.pad_token_id is not None else 0
+        dev = self.device
+        for gb in _prefix_batches(keys, self.batch_tokens):
+            P = max(len(keys[g]) for g in gb)
+            pids = torch.full((len(gb), P), pad, dtype=torch.long)
+            pmask = torch.zeros(len(gb), P, dtype=torch.bool)
+            for j, g in enumerate(gb):
+                pids[j, : len(keys[g])] = torch.tensor(keys[g])
+                pmask[j, : len(keys[g])] = True
+            kv = self.backbone.prefix_kv(pids.to(dev))
+            # the suffixes of these prefixes, length-sorted into token-budget batches
+            rows = [(j, i) for j, g in enumerate(gb) for i in groups[keys[g]]]
+            sfx = [pairs[i][0][len(keys[gb[j]]) :] + pairs[i][1] for j, i in rows]
+            for b in make_batches([len(x) + P for x in sfx], self.batch_tokens):
+                sel = torch.tensor([rows[r][0] for r in b])
+                S = max(len(sfx[r]) for r in b)
+                ids = torch.full((len(b), S), pad, dtype=torch.long)
+                rr, cc, labels, seg = [], [], [], []
+                for bi, r in enumerate(b):
+                    j, i = rows[r]
+                    ids[bi, : len(sfx[r])] = torch.tensor(sfx[r])
+                    c, t = pairs[i]
+                    n0 = len(keys[gb[j]])  # prefix length: full position p is suffix index p - n0
+                    p = torch.arange(len(c) - 1, len(c) + len(t) - 1) - n0
+                    rr.append(torch.full_like(p, bi))
+                    cc.append(p)
+                    labels.append(torch.tensor(t))
+                    seg.append(torch.full_like(p, bi))
+                start = torch.tensor([len(keys[gb[rows[r][0]]]) for r in b])
+                past = [(k.index_select(0, sel.to(dev)), v.index_select(0, sel.to(dev))) for k, v in kv]
+                with torch.inference_mode():
+                    hidden = self.backbone.forward_after(ids.to(dev), start.to(dev), past, pmask[sel].to(dev))
+                    h = hidden[torch.cat(rr).to(dev), torch.cat(cc).to(dev)]
+                    logits = self.model.get_output_embeddings()(h).float()
+                    lp = torch.log_softmax(logits, dim=-1).gather(1, torch.cat(labels).to(dev)[:, None])[:, 0]
+                    sums = torch.zeros(len(b), dtype=torch.float64, device=dev)
+                    sums.index_add_(0, torch.cat(seg).to(dev), lp.double())
+                out[[rows[r][1] for r in b]] = sums.cpu().numpy()
+        return out
+
     @torch.inference_mode()
     def _forward(self, items: list[_Item]) -> np.ndarray:
         T = max(len(it.ids) for it in items)
@@ -145,6 +216,23 @@ class LMScorer:
         sums = torch.zeros(len(items), dtype=torch.float64, device=self.device)
         sums.index_add_(0, torch.cat(seg).to(self.device), lp.double())
         return sums.cpu().numpy()
+
+
+def _prefix_batches(groups: list[tuple[int, ...]], batch_tokens: int) -> list[list[int]]:
+    """Consecutive groups whose padded prefixes fit ``batch_tokens`` (at least one each)."""
+    out: list[list[int]] = []
+    cur: list[int] = []
+    m = 0
+    for g, p in enumerate(groups):
+        nm = max(m, len(p))
+        if cur and nm * (len(cur) + 1) > batch_tokens:
+            out.append(cur)
+            cur, nm = [], len(p)
+        cur.append(g)
+        m = nm
+    if cur:
+        out.append(cur)
+    return out
 
 
 @torch.inference_mode()

@@ -161,7 +161,10 @@ def test_break_task_reports_lf_em_and_the_table_shows_it(tmp_path):
     )
     _write_tables(tmp_path, "break", {"bm25": row}, 1, cfg, ("lf_em",), "lf_em")
     md = (tmp_path / "results.md").read_text()
-    assert "| retriever | EM (ours) | 95% CI | LF-EM (ours) | 95% CI | paper LF-EM |" in md
-    assert "| bm25 | 0.0 | 0.0-0.0 | 100.0 | 100.0-100.0 | 26.0 |" in md
+    assert (
+        "| retriever | EM (ours) | 95% CI | LF-EM (ours) | 95% CI | gold log-prob (nats) | DPO vs empty context | paper LF-EM |"
+        in md
+    )
+    assert "| bm25 | 0.0 | 0.0-0.0 | 100.0 | 100.0-100.0 |  |  | 26.0 |" in md
     header = (tmp_path / "results.csv").read_text().splitlines()[0]
     assert header.startswith("retriever,em,ci_low,ci_high,lf_em,lf_em_ci_low,lf_em_ci_high,paper")

@@ -55,3 +55,49 @@ def test_real_lm_batched_matches_reference_fp32():
     batched = LMScorer(model, tok, batch_tokens=512).score(CTX, TGT)
     single = [reference_score(model, tok, c, t) for c, t in zip(CTX, TGT)]
     np.testing.assert_allclose(batched, single, rtol=1e-3, atol=1e-2)
+
+
+def _prefixed_case():
+    """Demonstrations shared by several queries (EPR's label scoring), one context not starting with its prefix
+    (the split falls back to the first token), and an empty prefix."""
+    demos = [
+        "turn on the kitchen lights\t[IN:ON [SL:ROOM kitchen ] ]\n",
+        "dim the den\t[IN:DIM [SL:ROOM den ] ]\n",
+        "",
+    ]
+    queries = ["dim the porch\t", "check the attic lights\t", "turn off the office\t"]
+    prefixes, contexts, targets = [], [], []
+    for d in demos:
+        for q in queries:
+            prefixes.append(d)
+            contexts.append(d + q)
+            targets.append("[IN:X [SL:ROOM " + q.split()[-1] + " ] ]\n")
+    prefixes.append("totally different prefix")
+    contexts.append("dim the den\tx")
+    targets.append("y\n")
+    return prefixes, contexts, targets
+
+
+@pytest.mark.parametrize("batch_tokens", [24, 4096])
+def test_prefix_shared_scores_equal_plain_scores(tiny_lm, batch_tokens):
+    model, tok = tiny_lm
+    p, c, t = _prefixed_case()
+    s = LMScorer(model, tok, batch_tokens=batch_tokens)
+    assert s.backbone.__class__.__name__ == "FastLlama"  # the shared path runs, not the fallback
+    np.testing.assert_allclose(s.score_prefixed(p, c, t), s.score(c, t), rtol=1e-5, atol=1e-4)
+
+
+def test_prefix_shared_too_long_is_a_clear_error(tiny_lm):
+    model, tok = tiny_lm
+    with pytest.raises(SequenceTooLong, match="exceed the model context"):
+        LMScorer(model, tok).score_prefixed(["a "], ["a " + "word " * 600], ["x\n"])
+
+
+@pytest.mark.slow
+def test_real_lm_prefix_shared_matches_plain_fp32():
+    from epr.models import load_lm
+
+    model, tok = load_lm("smollm2", dtype="fp32")
+    p, c, t = _prefixed_case()
+    s = LMScorer(model, tok, batch_tokens=512)
+    np.testing.assert_allclose(s.score_prefixed(p, c, t), s.score(c, t), rtol=1e-4, atol=2e-3)

@@ -159,5 +159,7 @@ def test_two_processes_give_the_one_process_gradient(tmp_path, minilm_dir, loss,
         h = torch.cat([b["grads"][n].flatten() for n in names])
         assert ((h - g).norm() / g.norm()).item() < 1e-5, tower
         scale = g.abs().max().item()
-        for n in names:  # element-wise too, on the tower's scale (some gradients are exactly 0 up to rounding)
+        for (
+            n
+        ) in names:  # element-wise too, on the tower's scale (some gradients are exactly 0 up to rounding)
             torch.testing.assert_close(b["grads"][n], a["grads"][n], rtol=1e-4, atol=1e-5 * scale, msg=n)

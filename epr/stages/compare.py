@@ -26,33 +26,44 @@ from epr.stages.context import Context
 log = logging.getLogger(__name__)
 
 
-def run_compare(ctx: Context, out: Path, fp: str) -> dict:
-    from epr.generate import Generator
-    from epr.models import load_lm_for
-
-    cfg, rc = ctx.cfg, ctx.cfg.retrieve
-    task, pool, ev = ctx.task, ctx.examples("pool"), ctx.examples("eval")
+def eval_examples(ctx: Context) -> list:
+    """The compared examples: the eval split, or its seeded subset of ``retrieve.eval_limit`` (ids kept)."""
+    ev, rc = ctx.examples("eval"), ctx.cfg.retrieve
     if rc.eval_limit is not None and rc.eval_limit < len(ev):
-        keep = np.sort(np.random.default_rng(cfg.seed).choice(len(ev), rc.eval_limit, replace=False))
-        ev = [ev[i] for i in keep]  # ids stay those of the eval split
-    model, tok = load_lm_for(cfg.models, inference=True)
-    count = lambda s: len(tok(s, add_special_tokens=False)["input_ids"])  # noqa: E731
-    gen = Generator(model, tok, cfg.generate.max_new_tokens, cfg.generate.batch_size, task.stop)
-    encoders: dict = {}
-    built: dict = {}
-    results, per_query = {}, [{"idx": e.idx, "input": e.input, "gold": e.output} for e in ev]
-    quality = None
-    for name in rc.retrievers:
+        keep = np.sort(np.random.default_rng(ctx.cfg.seed).choice(len(ev), rc.eval_limit, replace=False))
+        ev = [ev[i] for i in keep]
+    return ev
+
+
+class PromptMaker:
+    """Retrieve (and re-rank) for one retriever name, then fit the prompts into the inference LM's budget.
+
+    Holds what several retrievers share: built first stages, loaded encoders, the pool's quality bias."""
+
+    def __init__(self, ctx: Context, model, tok, out: Path):
+        self.ctx, self.model, self.tok, self.out = ctx, model, tok, out
+        self.pool = ctx.examples("pool")
+        self.encoders: dict = {}
+        self.built: dict = {}
+        self.quality = None
+
+    def count(self, s: str) -> int:
+        return len(self.tok(s, add_special_tokens=False)["input_ids"])
+
+    def __call__(self, name: str, ev: list) -> list:
+        cfg, rc, task = self.ctx.cfg, self.ctx.cfg.retrieve, self.ctx.task
         base_name, div, bias = parse_retriever_name(name)
-        if base_name not in built:
-            built[base_name] = make_retriever(base_name, pool, task, cfg, cfg.run_dir, encoders)
-        r = built[base_name]
+        if base_name not in self.built:
+            self.built[base_name] = make_retriever(
+                base_name, self.pool, task, cfg, cfg.run_dir, self.encoders
+            )
+        r = self.built[base_name]
         ids = r.retrieve(ev, rc.k)
         if div or bias:
             if not isinstance(r, DenseRetriever):
                 raise ValueError(f"{name}: RAGSys re-ranking needs a dense first stage (epr, sbert, dr-bm25)")
-            if bias and quality is None:
-                quality = pool_quality(model, tok, task, pool, cfg, out)
+            if bias and self.quality is None:
+                self.quality = pool_quality(self.model, self.tok, task, self.pool, cfg, self.out)
             ids = rerank(
                 r.query_embeddings(ev),
                 r.pool_emb,
@@ -60,14 +71,84 @@ def run_compare(ctx: Context, out: Path, fp: str) -> dict:
                 rc.max_demos,
                 cfg.ragsys.lambda_d if div else 1.0,
                 cfg.ragsys.lambda_b,
-                quality if bias else None,
+                self.quality if bias else None,
             )
-        prompts = [
+        return [
             build_prompt(
-                task, e, ids[i].tolist(), pool, count, rc.prompt_budget, rc.answer_reserve, rc.max_demos
+                task,
+                e,
+                ids[i].tolist(),
+                self.pool,
+                self.count,
+                rc.prompt_budget,
+                rc.answer_reserve,
+                rc.max_demos,
             )
             for i, e in enumerate(ev)
         ]
+
+
+def gold_logprob(scorer, cache, task, contexts: list[str], ev: list) -> np.ndarray:
+    """``log p(gold answer | context)`` under the inference LM for each example (RAGSys's way of judging a
+    retriever: one forward pass each, no generation), reusing and filling the score cache."""
+    tgts = [task.format_target(e.output) for e in ev]
+    known = cache.get(contexts, tgts)
+    todo = [i for i, v in enumerate(known) if v is None]
+    out = np.array([np.nan if v is None else v for v in known], dtype=np.float64)
+    if todo:
+        pairs = scorer.encode([contexts[i] for i in todo], [tgts[i] for i in todo])
+        long = set(scorer.too_long(pairs))
+        ok = [j for j in range(len(todo)) if j not in long]
+        vals = np.round(scorer.score_ids([pairs[j] for j in ok]), 4) if ok else []
+        for j, v in zip(ok, vals):
+            out[todo[j]] = v
+        cache.put([contexts[todo[j]] for j in ok], [tgts[todo[j]] for j in ok], list(vals), "gold")
+    return out
+
+
+def logprob_metrics(lp: np.ndarray, lp_empty: np.ndarray) -> dict:
+    """Mean gold log-prob (nats, with a bootstrap interval) and its DPO form against the empty context: the mean of
+    ``log sigmoid(lp - lp_empty)`` (0 is best: the demonstrations always make the gold answer more likely)."""
+    ok = ~np.isnan(lp) & ~np.isnan(lp_empty)
+    m, lo, hi = mean_ci(lp[ok].tolist())
+    dpo = -np.logaddexp(0.0, -(lp[ok] - lp_empty[ok]))
+    dm, dlo, dhi = mean_ci(dpo.tolist())
+    return {
+        "gold_logprob": {"value": m, "ci_low": lo, "ci_high": hi},
+        "dpo": {"value": dm, "ci_low": dlo, "ci_high": dhi},
+        "gold_logprob_n": int(ok.sum()),
+    }
+
+
+def logprob_scorer(ctx: Context, model, tok):
+    """A scorer over the inference LM and its score cache (the score cache key of that LM)."""
+    from epr.scoring import LMScorer
+    from epr.stages.scores import score_cache
+
+    cfg = ctx.cfg
+    sc = LMScorer(model, tok, batch_tokens=cfg.scoring.batch_tokens, forward=cfg.scoring.forward)
+    return sc, score_cache(cfg, cfg.models.inference_lm or cfg.models.lm)
+
+
+def run_compare(ctx: Context, out: Path, fp: str) -> dict:
+    from epr.generate import Generator
+    from epr.models import load_lm_for
+
+    cfg, rc = ctx.cfg, ctx.cfg.retrieve
+    task, pool = ctx.task, ctx.examples("pool")
+    ev = eval_examples(ctx)
+    model, tok = load_lm_for(cfg.models, inference=True)
+    gen = Generator(model, tok, cfg.generate.max_new_tokens, cfg.generate.batch_size, task.stop)
+    make_prompts = PromptMaker(ctx, model, tok, out)
+    scorer, cache = logprob_scorer(ctx, model, tok)
+    lp_empty = gold_logprob(scorer, cache, task, [task.format_query(e.input) for e in ev], ev)
+    results, per_query = {}, [{"idx": e.idx, "input": e.input, "gold": e.output} for e in ev]
+    for row, v in zip(per_query, lp_empty):
+        row["gold_logprob_empty"] = None if np.isnan(v) else float(v)
+    for name in rc.retrievers:
+        base_name, div, bias = parse_retriever_name(name)
+        prompts = make_prompts(name, ev)
+        lp = gold_logprob(scorer, cache, task, [p.text for p in prompts], ev)
         preds = _generate_resumable(
             gen, [p.text for p in prompts], out / "parts" / name, cfg.generate.chunk_size, name
         )
@@ -84,18 +165,27 @@ def run_compare(ctx: Context, out: Path, fp: str) -> dict:
             "mean_prompt_tokens": float(np.mean([p.n_tokens for p in prompts])),
             "prompt_status": stat,
             "paper": PAPER.get(task.name, {}).get(base_name) if not (div or bias) else None,
+            **logprob_metrics(lp, lp_empty),
         }
         for k in task.extra_metrics:
             km, klo, khi = mean_ci([100.0 * x[k] for x in extra])
             results[name][k] = {"value": km, "ci_low": klo, "ci_high": khi}
             log.info("%s: %s %.1f [%.1f, %.1f]", name, k, km, klo, khi)
-        log.info("%s: EM %.1f [%.1f, %.1f]", name, m, lo, hi)
-        for row, p, y, c, x in zip(per_query, prompts, preds, correct, extra):
+        log.info(
+            "%s: EM %.1f [%.1f, %.1f], gold log-prob %.2f",
+            name,
+            m,
+            lo,
+            hi,
+            results[name]["gold_logprob"]["value"],
+        )
+        for row, p, y, c, x, v in zip(per_query, prompts, preds, correct, extra, lp):
             row[name] = {
                 "demos": list(p.demo_ids),
                 "demo_inputs": [pool[i].input for i in p.demo_ids[:3]],
                 "prediction": y,
                 "correct": c,
+                "gold_logprob": None if np.isnan(v) else float(v),
                 **x,
             }
     write_jsonl(out / "per_query.jsonl", per_query)
@@ -149,21 +239,32 @@ def _write_tables(
         "",
         f"Inference LM `{cfg.models.inference_lm or cfg.models.lm}`, prompt budget {cfg.retrieve.prompt_budget} tokens "
         f"({cfg.retrieve.answer_reserve} reserved for the answer), at most {cfg.retrieve.max_demos} demos. "
-        "95% bootstrap intervals. Paper: GPT-Neo 2.7B (SPEC 2.8).",
+        "95% bootstrap intervals. Gold log-prob: log p(gold answer | prompt) under the inference LM, summed over "
+        "the answer's tokens; DPO: mean log sigmoid(that - the same without demonstrations). "
+        "Paper: GPT-Neo 2.7B (SPEC 2.8).",
         "",
-        f"| retriever | EM (ours) | 95% CI |{extra_head} paper {_label(paper_metric)} | demos/prompt | prompt problems |",
-        "|---|---|---|" + "---|---|" * len(extra) + "---|---|---|",
+        f"| retriever | EM (ours) | 95% CI |{extra_head} gold log-prob (nats) | DPO vs empty context | "
+        f"paper {_label(paper_metric)} | demos/prompt | prompt problems |",
+        "|---|---|---|" + "---|---|" * len(extra) + "---|---|---|---|---|",
     ]
     for k, v in rows:
         bad = v["prompt_status"]["no_demo_fits"] + v["prompt_status"]["query_too_long"]
         cells = "".join(f" {v[m]['value']:.1f} | {v[m]['ci_low']:.1f}-{v[m]['ci_high']:.1f} |" for m in extra)
         lines.append(
             f"| {k}{' (oracle)' if v['oracle'] else ''} | {v['em']:.1f} | {v['ci_low']:.1f}-{v['ci_high']:.1f} |"
-            f"{cells} {'' if v['paper'] is None else v['paper']} | {v['mean_demos']:.1f} | {bad} |"
+            f"{cells} {_lp(v, 'gold_logprob')} | {_lp(v, 'dpo')} | {'' if v['paper'] is None else v['paper']} | "
+            f"{v['mean_demos']:.1f} | {bad} |"
         )
     (out / "results.md").write_text("\n".join(lines) + "\n")
     _plot(out, task, rows)
     _html(out, lines)
+
+
+def _lp(v: dict, key: str) -> str:
+    if key not in v:
+        return ""
+    m = v[key]
+    return f"{m['value']:.2f} ({m['ci_low']:.2f} to {m['ci_high']:.2f})"
 
 
 def _write_paired(out: Path, per_query: list[dict], names: list[str], keys: tuple[str, ...]) -> None:

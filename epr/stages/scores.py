@@ -42,9 +42,9 @@ def build_scorer(ctx: Context) -> LMScorer:
     )
 
 
-def score_cache(ctx: Context) -> ScoreCache:
-    """The run root's shared score store for this computation (``scoring_key``)."""
-    return ScoreCache(Path(ctx.cfg.run_root) / ".cache" / "scores", scoring_key(ctx))
+def score_cache(cfg, lm: str | None = None) -> ScoreCache:
+    """The run root's shared score store for this computation (``scoring_key``): the scoring LM's, or ``lm``'s."""
+    return ScoreCache(Path(cfg.run_root) / ".cache" / "scores", scoring_key(cfg, lm))
 
 
 def _cuda() -> bool:
@@ -53,7 +53,7 @@ def _cuda() -> bool:
     return torch.cuda.is_available()
 
 
-def scoring_key(ctx: Context) -> dict:
+def scoring_key(cfg, lm: str | None = None) -> dict:
     """Everything that changes a score besides the texts: the stage fingerprint and the score cache use it.
 
     The dtype is the one ``models.dtype`` resolves to on this machine (``auto`` is bf16 on one CPU and fp32 on
@@ -61,9 +61,9 @@ def scoring_key(ctx: Context) -> dict:
     it does (up to ~1 nat), so there the batch layout is part of the key and a changed layout rescores."""
     from epr.models import pick_dtype
 
-    m, sc = ctx.cfg.models, ctx.cfg.scoring
+    m, sc = cfg.models, cfg.scoring
     dtype = "bf16" if str(pick_dtype(m.dtype, "cuda" if _cuda() else "cpu")).endswith("bfloat16") else "fp32"
-    key = {"lm": m.lm, "dtype": dtype, "forward": sc.forward, "device": "cuda" if _cuda() else "cpu"}
+    key = {"lm": lm or m.lm, "dtype": dtype, "forward": sc.forward, "device": "cuda" if _cuda() else "cpu"}
     if dtype != "fp32":
         key |= {"batch_tokens": sc.batch_tokens, "prefix_share": sc.prefix_share}
     return key
@@ -101,9 +101,7 @@ def score_chunk(
     keep = [i for i in todo if i not in too_long]
     if keep and scorer.prefix_share:
         vals = scorer.score_prefixed(
-            [demos[i] for i in keep],
-            [queries[i] + targets[i] for i in keep],
-            n_query=[len(queries[i]) for i in keep],
+            [demos[i] for i in keep], [contexts[i] for i in keep], [targets[i] for i in keep]
         )
     elif keep:
         pos = {i: j for j, i in enumerate(todo)}
@@ -145,7 +143,7 @@ def run_scores(ctx: Context, out: Path, fp: str) -> dict:
     log.info("scores: %d chunks for this process, %d already done", len(mine), len(mine) - len(todo))
     too_long = 0
     if todo:
-        cache = score_cache(ctx)
+        cache = score_cache(ctx.cfg)
         log.info("scores: %d scores in the shared cache %s", len(cache), cache.dir)
         scorer = build_scorer(ctx)
         n_seq = sum(len(r.ids) for c in todo for r in chunks[c])

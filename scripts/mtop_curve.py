@@ -1,0 +1,315 @@
+"""The MTOP learning curve: what the learned retriever gains as it gets more LM-labelled training examples.
+
+    python scripts/mtop_curve.py                                  # the committed curve (results/mtop-curve/)
+    python scripts/mtop_curve.py --sizes 250,500 --losses distill --em none     # a quick partial curve
+    python scripts/mtop_curve.py --set models.dtype=auto          # any config key (here: bf16 where fast)
+
+Every step is resumable (stages, the run root's score cache, per-row files): rerun the same command after a kill.
+
+1. Labels for the largest size (``configs/mtop_curve.yaml``: nested seeded label sets, so each smaller set is a
+   prefix of the largest and reuses its scores from the score cache).
+2. For each size x loss: train (``runs/mtop-curve/<size>-<loss>/``), then the dense metric on the evaluation examples:
+   the gold answer's log-probability under the inference LM given the retrieved demonstrations (one forward pass
+   per example; RAGSys's way of judging a retriever) and its DPO form against the empty context.
+3. Reference rows, with the same metric: BM25, SBERT, the untrained dual encoder, BM25-Oracle, LM-Oracle.
+4. Exact match (generation) for the rows that decide the bar (``--em``: the references and the largest size of
+   each loss, by default), with paired exact McNemar tests against BM25 and SBERT on the same examples.
+
+Writes ``curve.json`` (rows ``{retriever, loss, labels, n, em, p_vs_bm25, p_vs_sbert, gold_logprob, dpo}``),
+``curve.md`` and ``curve.png`` into ``--out``, naming the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.common import describe, machine  # noqa: E402
+from epr import pipeline  # noqa: E402
+from epr.config import load_config  # noqa: E402
+from epr.evaluation import mcnemar_exact  # noqa: E402
+from epr.stages.context import Context  # noqa: E402
+
+log = logging.getLogger("mtop_curve")
+
+LOSS_SETTINGS = {  # the similarity each loss is trained with (EPR: the paper's raw inner product)
+    "epr": ["train.loss=epr", "train.similarity=dot"],
+    "listwise": ["train.loss=listwise", "train.similarity=cosine"],
+    "distill": ["train.loss=distill", "train.similarity=cosine"],
+}
+REFERENCES = ("bm25", "sbert", "untrained", "bm25-oracle", "lm-oracle")
+
+
+def ctx_for(args, name: str, *extra: str) -> Context:
+    cfg = load_config([args.config], [f"run_root={args.run_root}", *args.set, f"name={name}", *extra])
+    return Context(cfg)
+
+
+class DenseMetric:
+    """Gold log-prob (and DPO vs the empty context) of one retriever's prompts; the inference LM loaded once."""
+
+    def __init__(self, ctx: Context):
+        from epr.models import load_lm_for
+        from epr.stages.compare import eval_examples, gold_logprob, logprob_scorer
+
+        self.model, self.tok = load_lm_for(ctx.cfg.models, inference=True)
+        self.scorer, self.cache = logprob_scorer(ctx, self.model, self.tok)
+        self.ev = eval_examples(ctx)
+        task = ctx.task
+        self.empty = gold_logprob(
+            self.scorer, self.cache, task, [task.format_query(e.input) for e in self.ev], self.ev
+        )
+
+    def __call__(self, ctx: Context, retriever: str) -> dict:
+        from epr.stages.compare import PromptMaker, gold_logprob, logprob_metrics
+
+        maker = PromptMaker(ctx, self.model, self.tok, ctx.cfg.run_dir / "curve")
+        prompts = maker(retriever, self.ev)
+        lp = gold_logprob(self.scorer, self.cache, ctx.task, [p.text for p in prompts], self.ev)
+        m = logprob_metrics(lp, self.empty)
+        return {
+            "n": len(self.ev),
+            "gold_logprob": m["gold_logprob"]["value"],
+            "gold_logprob_ci": [m["gold_logprob"]["ci_low"], m["gold_logprob"]["ci_high"]],
+            "dpo": m["dpo"]["value"],
+            "per_query_logprob": [None if np.isnan(v) else float(v) for v in lp],
+        }
+
+
+def cached_row(path: Path, key: dict, compute) -> dict:
+    """A row file reused while its key (what it was computed from) is unchanged."""
+    if path.exists():
+        row = json.loads(path.read_text())
+        if row.get("key") == key:
+            return row
+    t = time.time()
+    row = {"key": key, **compute(), "seconds": round(time.time() - t, 1)}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(row) + "\n")
+    return row
+
+
+def em_rows(ctx: Context, retrievers: list[str]) -> dict[str, dict]:
+    """Run the compare stage (generation, resumable) for ``retrievers``; per-query correctness by retriever."""
+    pipeline.run(ctx, until="compare")
+    per_query = [
+        json.loads(x) for x in (ctx.stage_dir("compare") / "per_query.jsonl").read_text().splitlines()
+    ]
+    return {
+        r: {"idx": [q["idx"] for q in per_query], "correct": [bool(q[r]["correct"]) for q in per_query]}
+        for r in retrievers
+    }
+
+
+def paired_p(a: dict, b: dict) -> float:
+    if a["idx"] != b["idx"]:
+        raise ValueError("paired test on different examples")
+    a_only = sum(x and not y for x, y in zip(a["correct"], b["correct"]))
+    b_only = sum(y and not x for x, y in zip(a["correct"], b["correct"]))
+    return mcnemar_exact(a_only, b_only)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("-c", "--config", default=str(ROOT / "configs" / "mtop_curve.yaml"))
+    ap.add_argument("--sizes", default="250,500,1000,2000")
+    ap.add_argument("--losses", default="distill,listwise,epr")
+    ap.add_argument(
+        "--em", default="largest", help="which learned rows get exact match: largest | all | none"
+    )
+    ap.add_argument("--refs-em", default=",".join(REFERENCES), help="reference rows that get exact match")
+    ap.add_argument("--run-root", default="runs")
+    ap.add_argument("--out", default=str(ROOT / "results" / "mtop-curve"))
+    ap.add_argument("--set", action="append", default=[])
+    a = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    sizes = sorted(int(s) for s in a.sizes.split(","))
+    losses = [s for s in a.losses.split(",") if s]
+    out = Path(a.out)
+    rows_dir = out / "rows"
+    t0 = time.time()
+
+    # 1. labels for the largest set (smaller sets reuse its scores)
+    base = ctx_for(a, "mtop-curve", f"candidates.num_queries={sizes[-1]}")
+    pipeline.run(base, until="labels")
+    log.info("labels for %d training examples ready (%.0f s)", sizes[-1], time.time() - t0)
+
+    metric = DenseMetric(base)
+    rows: list[dict] = []
+
+    def add(retriever: str, loss: str | None, labels: int | None, ctx: Context, name: str, fp: str) -> dict:
+        r = cached_row(
+            rows_dir / f"{name}.json", {"fp": fp, "n": len(metric.ev)}, lambda: metric(ctx, retriever)
+        )
+        row = {
+            "retriever": name.split("@")[0],
+            "loss": loss,
+            "labels": labels,
+            "run": str(ctx.cfg.run_dir),
+            **r,
+        }
+        rows.append(row)
+        log.info("%s: gold log-prob %.3f (DPO %.3f)", name, row["gold_logprob"], row["dpo"])
+        return row
+
+    # 2. references (dense metric)
+    ref_ctx = ctx_for(a, "mtop-curve/ref", f"candidates.num_queries={sizes[0]}")
+    pipeline.run(ref_ctx, until="labels")
+    untrained = ctx_for(
+        a,
+        "mtop-curve/untrained",
+        f"candidates.num_queries={sizes[0]}",
+        "train.epochs=0",
+        *LOSS_SETTINGS["distill"],
+    )
+    pipeline.run(untrained, until="encoder")
+    for r in REFERENCES:
+        c = untrained if r == "untrained" else ref_ctx
+        fp = pipeline.stage_fingerprint(c, "encoder" if r == "untrained" else "labels")
+        add("epr" if r == "untrained" else r, None, None, c, r, fp)
+
+    # 3. the curve: train each (size, loss), dense metric
+    runs: dict[tuple[int, str], Context] = {}
+    for n in sizes:
+        for loss in losses:
+            c = ctx_for(a, f"mtop-curve/{n}-{loss}", f"candidates.num_queries={n}", *LOSS_SETTINGS[loss])
+            t = time.time()
+            pipeline.run(c, until="encoder")
+            log.info("trained %d-%s (%.0f s)", n, loss, time.time() - t)
+            runs[(n, loss)] = c
+            add("epr", loss, n, c, f"epr@{n}-{loss}", pipeline.stage_fingerprint(c, "encoder"))
+            _write(out, rows, a, t0)
+
+    # 4. exact match for the rows that decide the bar
+    em: dict[str, dict] = {}
+    refs = [r for r in a.refs_em.split(",") if r]
+    if a.em != "none":
+        plain = [r for r in refs if r != "untrained"]
+        ref_em = ctx_for(
+            a,
+            "mtop-curve/ref",
+            f"candidates.num_queries={sizes[0]}",
+            f"retrieve.retrievers=[{','.join(plain)}]",
+        )
+        em |= em_rows(ref_em, plain)
+        if "untrained" in refs:
+            u = ctx_for(
+                a,
+                "mtop-curve/untrained",
+                f"candidates.num_queries={sizes[0]}",
+                "train.epochs=0",
+                *LOSS_SETTINGS["distill"],
+                "retrieve.retrievers=[epr]",
+            )
+            em["untrained"] = em_rows(u, ["epr"])["epr"]
+        for n, loss in runs:
+            if a.em == "all" or n == sizes[-1]:
+                c2 = ctx_for(
+                    a,
+                    f"mtop-curve/{n}-{loss}",
+                    f"candidates.num_queries={n}",
+                    *LOSS_SETTINGS[loss],
+                    "retrieve.retrievers=[epr]",
+                )
+                em[f"epr@{n}-{loss}"] = em_rows(c2, ["epr"])["epr"]
+                _attach_em(rows, em)
+                _write(out, rows, a, t0)
+    _attach_em(rows, em)
+    _write(out, rows, a, t0)
+    log.info("done in %.0f s: %s", time.time() - t0, out)
+    return 0
+
+
+def _attach_em(rows: list[dict], em: dict[str, dict]) -> None:
+    for row in rows:
+        key = row["retriever"] if row["loss"] is None else f"epr@{row['labels']}-{row['loss']}"
+        if key in em:
+            e = em[key]
+            row["em"] = 100.0 * float(np.mean(e["correct"]))
+            row["p_vs_bm25"] = paired_p(e, em["bm25"]) if "bm25" in em and key != "bm25" else None
+            row["p_vs_sbert"] = paired_p(e, em["sbert"]) if "sbert" in em and key != "sbert" else None
+            row["em_n"] = len(e["correct"])
+
+
+def _write(out: Path, rows: list[dict], a, t0: float) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    slim = [
+        {
+            "retriever": r["retriever"],
+            "loss": r["loss"],
+            "labels": r["labels"],
+            "n": r.get("em_n", r["n"]),
+            "em": r.get("em"),
+            "p_vs_bm25": r.get("p_vs_bm25"),
+            "p_vs_sbert": r.get("p_vs_sbert"),
+            "gold_logprob": r["gold_logprob"],
+            "gold_logprob_ci": r["gold_logprob_ci"],
+            "dpo": r["dpo"],
+            "train_seconds_or_eval_seconds": r.get("seconds"),
+        }
+        for r in rows
+    ]
+    info = {"machine": machine(), "command": " ".join(sys.argv), "elapsed_seconds": round(time.time() - t0)}
+    (out / "curve.json").write_text(json.dumps({"info": info, "rows": slim}, indent=2) + "\n")
+    lines = [
+        "# MTOP learning curve",
+        "",
+        f"Machine: {describe(info['machine'])}. Command: `{info['command']}`.",
+        f"Evaluation: {slim[0]['n'] if slim else 0} seeded MTOP validation examples; inference and scoring LM SmolLM2-135M "
+        "(fp32). Gold log-prob: log p(gold parse | prompt), nats, mean with 95% bootstrap interval; DPO: mean "
+        "log sigmoid(gold log-prob - without demonstrations). EM: exact match (%), p: exact McNemar vs BM25 / SBERT "
+        "on the same examples.",
+        "",
+        "| retriever | loss | labels | gold log-prob | 95% CI | DPO | EM | p vs BM25 | p vs SBERT |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in slim:
+        f = lambda v, d=1: "" if v is None else (f"{v:.{d}f}" if isinstance(v, float) else str(v))  # noqa: E731
+        p = lambda v: "" if v is None else f"{v:.3g}"  # noqa: E731
+        lines.append(
+            f"| {r['retriever']} | {r['loss'] or ''} | {r['labels'] or ''} | {f(r['gold_logprob'], 3)} | "
+            f"{r['gold_logprob_ci'][0]:.3f} to {r['gold_logprob_ci'][1]:.3f} | {f(r['dpo'], 3)} | {f(r['em'])} | "
+            f"{p(r['p_vs_bm25'])} | {p(r['p_vs_sbert'])} |"
+        )
+    (out / "curve.md").write_text("\n".join(lines) + "\n")
+    _plot(out, slim)
+
+
+def _plot(out: Path, rows: list[dict]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, key, label in (
+        (axes[0], "gold_logprob", "gold log-prob (nats, higher is better)"),
+        (axes[1], "em", "exact match (%)"),
+    ):
+        refs = [r for r in rows if r["loss"] is None and r[key] is not None]
+        for i, r in enumerate(refs):
+            ax.axhline(r[key], ls="--", lw=1, color=f"C{i + 3}", label=r["retriever"])
+        for j, loss in enumerate(sorted({r["loss"] for r in rows if r["loss"]})):
+            pts = sorted((r["labels"], r[key]) for r in rows if r["loss"] == loss and r[key] is not None)
+            if pts:
+                ax.plot(*zip(*pts), "o-", color=f"C{j}", label=f"EPR ({loss})")
+        ax.set(xscale="log", xlabel="LM-labelled training examples", ylabel=label)
+        ax.legend(fontsize=7)
+    axes[0].set_title("dense metric, every point")
+    axes[1].set_title("exact match, deciding rows")
+    fig.tight_layout()
+    fig.savefig(out / "curve.png", dpi=120)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
