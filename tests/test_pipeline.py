@@ -124,3 +124,24 @@ def test_two_process_scoring_merges_to_single_process_bytes(tmp_path, tiny_task_
         one.stage_dir("scores") / "scores.jsonl"
     ).read_bytes()
     assert pipeline.status(two)["scores"] == "fresh"
+
+
+def test_prefix_shared_scoring_stage_equals_plain(tmp_path, tiny_task_files, tiny_lm_dir):
+    """Prefix sharing reorders the chunks (queries grouped by output) and scores through shared prefixes; the
+    merged scores are those of the plain stage (separate run roots: no shared score cache)."""
+    import json
+
+    import numpy as np
+
+    got = {}
+    for share in ("true", "false"):
+        ctx = make_ctx(tmp_path / share, tiny_task_files, tiny_lm_dir, f"scoring.prefix_share={share}")
+        pipeline.run(ctx, until="scores")
+        rows = [json.loads(x) for x in (ctx.stage_dir("scores") / "scores.jsonl").read_text().splitlines()]
+        got[share] = rows
+        stamp = (ctx.stage_dir("scores") / "parts" / "FINGERPRINT").read_text()
+        assert stamp.endswith("order=by-output" if share == "true" else "order=qid")
+    assert [(r["qid"], r["ids"]) for r in got["true"]] == [(r["qid"], r["ids"]) for r in got["false"]]
+    a = np.array([s for r in got["true"] for s in r["scores"]])
+    b = np.array([s for r in got["false"] for s in r["scores"]])
+    np.testing.assert_allclose(a, b, atol=2e-4)

@@ -123,6 +123,17 @@ def score_chunk(
     return rows, len(too_long)
 
 
+def chunk_order(ctx: Context, rankings: list[Ranking]) -> list[Ranking]:
+    """The order queries are chunked in. With prefix sharing, queries with the same or similar outputs sit together,
+    so a chunk's queries share many BM25-over-outputs candidates (on MTOP's full pool, chunks of 200 queries hold
+    ~4.5 pairs per distinct demonstration instead of ~1.2 in query order): each demonstration's prefix is computed
+    once for all of them. Scores do not depend on the order (the merged file is sorted by query)."""
+    if not ctx.cfg.scoring.prefix_share:
+        return list(rankings)
+    pool = ctx.examples("pool")
+    return sorted(rankings, key=lambda r: (pool[r.qid].output, r.qid))
+
+
 def run_scores(ctx: Context, out: Path, fp: str) -> dict:
     cs = ctx.cfg.scoring.chunk_size
     pool = ctx.examples("pool")
@@ -131,13 +142,17 @@ def run_scores(ctx: Context, out: Path, fp: str) -> dict:
     parts.mkdir(parents=True, exist_ok=True)
     # a fingerprint file guards the chunks: chunks from another config are never reused
     stamp = parts / "FINGERPRINT"
+    layout = f"{fp} chunk_size={cs} order={'by-output' if ctx.cfg.scoring.prefix_share else 'qid'}"
     if ctx.dist.is_main:
-        if stamp.exists() and stamp.read_text() != fp:
+        # (a bare fingerprint: chunks written before the layout was recorded, in query order)
+        ok = (layout,) if ctx.cfg.scoring.prefix_share else (layout, fp)
+        if stamp.exists() and stamp.read_text() not in ok:
             for f in parts.glob("chunk-*.jsonl"):
                 f.unlink()
-        stamp.write_text(fp)
+        stamp.write_text(layout)
     ctx.dist.barrier()
-    chunks = [rankings[i : i + cs] for i in range(0, len(rankings), cs)]
+    order = chunk_order(ctx, rankings)
+    chunks = [order[i : i + cs] for i in range(0, len(order), cs)]
     mine = [c for c in range(len(chunks)) if c % ctx.dist.world == ctx.dist.rank]
     todo = [c for c in mine if not (parts / f"chunk-{c:06d}.jsonl").exists()]
     log.info("scores: %d chunks for this process, %d already done", len(mine), len(mine) - len(todo))
