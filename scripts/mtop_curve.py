@@ -126,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--em", default="largest", help="which learned rows get exact match: largest | all | none"
     )
+    ap.add_argument("--refs", default=",".join(REFERENCES), help="reference rows (gold log-prob)")
     ap.add_argument("--refs-em", default=",".join(REFERENCES), help="reference rows that get exact match")
     ap.add_argument("--run-root", default="runs")
     ap.add_argument("--out", default=str(ROOT / "results" / "mtop-curve"))
@@ -162,17 +163,13 @@ def main(argv: list[str] | None = None) -> int:
         return row
 
     # 2. references (dense metric)
-    ref_ctx = ctx_for(a, "mtop-curve/ref", f"candidates.num_queries={sizes[0]}")
+    # (reference runs depend only on the largest size: rows of a partial run are reused by the full one)
+    top = f"candidates.num_queries={sizes[-1]}"
+    ref_ctx = ctx_for(a, "mtop-curve/ref", top)
     pipeline.run(ref_ctx, until="labels")
-    untrained = ctx_for(
-        a,
-        "mtop-curve/untrained",
-        f"candidates.num_queries={sizes[0]}",
-        "train.epochs=0",
-        *LOSS_SETTINGS["distill"],
-    )
+    untrained = ctx_for(a, "mtop-curve/untrained", top, "train.epochs=0", *LOSS_SETTINGS["distill"])
     pipeline.run(untrained, until="encoder")
-    for r in REFERENCES:
+    for r in [r for r in a.refs.split(",") if r]:
         c = untrained if r == "untrained" else ref_ctx
         fp = pipeline.stage_fingerprint(c, "encoder" if r == "untrained" else "labels")
         add("epr" if r == "untrained" else r, None, None, c, r, fp)
@@ -194,18 +191,12 @@ def main(argv: list[str] | None = None) -> int:
     refs = [r for r in a.refs_em.split(",") if r]
     if a.em != "none":
         plain = [r for r in refs if r != "untrained"]
-        ref_em = ctx_for(
-            a,
-            "mtop-curve/ref",
-            f"candidates.num_queries={sizes[0]}",
-            f"retrieve.retrievers=[{','.join(plain)}]",
-        )
+        ref_em = ctx_for(a, "mtop-curve/ref", top, f"retrieve.retrievers=[{','.join(plain)}]")
         em |= em_rows(ref_em, plain)
         if "untrained" in refs:
             u = ctx_for(
                 a,
                 "mtop-curve/untrained",
-                f"candidates.num_queries={sizes[0]}",
                 "train.epochs=0",
                 *LOSS_SETTINGS["distill"],
                 "retrieve.retrievers=[epr]",
