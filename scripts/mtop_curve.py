@@ -231,8 +231,25 @@ def _attach_em(rows: list[dict], em: dict[str, dict]) -> None:
             row["em_n"] = len(e["correct"])
 
 
+def paired_logprob(a: list, b: list) -> tuple[float, float]:
+    """Mean per-example difference of gold log-probs (a - b) and the Wilcoxon signed-rank p (examples both scored)."""
+    from scipy.stats import wilcoxon
+
+    d = np.array([x - y for x, y in zip(a, b) if x is not None and y is not None])
+    if len(d) == 0 or not np.any(d):
+        return 0.0, 1.0
+    return float(d.mean()), float(wilcoxon(d).pvalue)
+
+
 def _write(out: Path, rows: list[dict], a, t0: float) -> None:
     out.mkdir(parents=True, exist_ok=True)
+    ref = {r["retriever"]: r["per_query_logprob"] for r in rows if r["loss"] is None}
+    for r in rows:
+        for b in ("bm25", "sbert"):
+            if b in ref and (r["retriever"] != b or r["loss"] is not None):
+                r[f"logprob_gain_vs_{b}"], r[f"logprob_p_vs_{b}"] = paired_logprob(
+                    r["per_query_logprob"], ref[b]
+                )
     slim = [
         {
             "retriever": r["retriever"],
@@ -245,6 +262,16 @@ def _write(out: Path, rows: list[dict], a, t0: float) -> None:
             "gold_logprob": r["gold_logprob"],
             "gold_logprob_ci": r["gold_logprob_ci"],
             "dpo": r["dpo"],
+            **{
+                k: r[k]
+                for k in (
+                    "logprob_gain_vs_bm25",
+                    "logprob_p_vs_bm25",
+                    "logprob_gain_vs_sbert",
+                    "logprob_p_vs_sbert",
+                )
+                if k in r
+            },
             "train_seconds_or_eval_seconds": r.get("seconds"),
         }
         for r in rows
@@ -257,18 +284,26 @@ def _write(out: Path, rows: list[dict], a, t0: float) -> None:
         f"Machine: {describe(info['machine'])}. Command: `{info['command']}`.",
         f"Evaluation: {slim[0]['n'] if slim else 0} seeded MTOP validation examples; inference and scoring LM SmolLM2-135M "
         "(fp32). Gold log-prob: log p(gold parse | prompt), nats, mean with 95% bootstrap interval; DPO: mean "
-        "log sigmoid(gold log-prob - without demonstrations). EM: exact match (%), p: exact McNemar vs BM25 / SBERT "
+        "log sigmoid(gold log-prob - without demonstrations). Δ: mean paired gain in gold log-prob over BM25 / SBERT "
+        "on the same examples (p: Wilcoxon signed-rank). EM: exact match (%), p: exact McNemar vs BM25 / SBERT "
         "on the same examples.",
         "",
-        "| retriever | loss | labels | gold log-prob | 95% CI | DPO | EM | p vs BM25 | p vs SBERT |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| retriever | loss | labels | gold log-prob | 95% CI | Δ vs BM25 (p) | Δ vs SBERT (p) | DPO | EM | "
+        "EM p vs BM25 | EM p vs SBERT |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+
+    def gain(r: dict, b: str) -> str:
+        k = f"logprob_gain_vs_{b}"
+        return f"{r[k]:+.3f} ({r[f'logprob_p_vs_{b}']:.2g})" if k in r else ""
+
     for r in slim:
         f = lambda v, d=1: "" if v is None else (f"{v:.{d}f}" if isinstance(v, float) else str(v))  # noqa: E731
         p = lambda v: "" if v is None else f"{v:.3g}"  # noqa: E731
         lines.append(
             f"| {r['retriever']} | {r['loss'] or ''} | {r['labels'] or ''} | {f(r['gold_logprob'], 3)} | "
-            f"{r['gold_logprob_ci'][0]:.3f} to {r['gold_logprob_ci'][1]:.3f} | {f(r['dpo'], 3)} | {f(r['em'])} | "
+            f"{r['gold_logprob_ci'][0]:.3f} to {r['gold_logprob_ci'][1]:.3f} | {gain(r, 'bm25')} | {gain(r, 'sbert')} | "
+            f"{r['dpo']:.2e} | {f(r['em'])} | "
             f"{p(r['p_vs_bm25'])} | {p(r['p_vs_sbert'])} |"
         )
     (out / "curve.md").write_text("\n".join(lines) + "\n")
