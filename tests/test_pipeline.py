@@ -145,3 +145,34 @@ def test_prefix_shared_scoring_stage_equals_plain(tmp_path, tiny_task_files, tin
     a = np.array([s for r in got["true"] for s in r["scores"]])
     b = np.array([s for r in got["false"] for s in r["scores"]])
     np.testing.assert_allclose(a, b, atol=2e-4)
+
+
+def test_scores_fingerprint_records_the_resolved_dtype(tmp_path, tiny_task_files, tiny_lm_dir, monkeypatch):
+    """``auto`` is recorded as what it resolves to on this machine: a run resumed on hardware where ``auto`` means
+    bf16 does not reuse fp32 chunks. In bf16 the batch layout changes scores, so it is part of the key; in fp32 not."""
+    import torch
+
+    from epr import models
+    from epr.stages.scores import scoring_key
+
+    ctx = make_ctx(tmp_path, tiny_task_files, tiny_lm_dir, "models.dtype=auto")
+    monkeypatch.setattr(models, "pick_dtype", lambda *a, **k: torch.float32)
+    k32 = scoring_key(ctx.cfg)
+    fp32 = pipeline.stage_fingerprint(ctx, "scores")
+    assert k32["dtype"] == "fp32" and "batch_tokens" not in k32
+    assert (
+        pipeline.stage_fingerprint(
+            make_ctx(
+                tmp_path, tiny_task_files, tiny_lm_dir, "models.dtype=auto", "scoring.batch_tokens=4096"
+            ),
+            "scores",
+        )
+        == fp32
+    )  # fp32 scores do not depend on the batch layout (test_scoring: batch composition)
+    monkeypatch.setattr(models, "pick_dtype", lambda *a, **k: torch.bfloat16)
+    kbf = scoring_key(ctx.cfg)
+    assert kbf["dtype"] == "bf16" and kbf["batch_tokens"] == 256
+    assert pipeline.stage_fingerprint(ctx, "scores") != fp32
+    assert (
+        scoring_key(make_ctx(tmp_path, tiny_task_files, tiny_lm_dir, "scoring.batch_tokens=4096").cfg) != kbf
+    )
