@@ -100,12 +100,7 @@ class LMScorer:
     def too_long(self, pairs: Sequence[tuple[list[int], list[int]]]) -> list[int]:
         return [i for i, (c, t) in enumerate(pairs) if len(c) + len(t) > self.max_length]
 
-    # -- scoring --------------------------------------------------------------------------------
-    def score(self, contexts: Sequence[str], targets: Sequence[str]) -> np.ndarray:
-        """``(n,) float64`` summed log-probs of each target's tokens."""
-        return self.score_ids(self.encode(contexts, targets))
-
-    def score_ids(self, pairs: Sequence[tuple[list[int], list[int]]]) -> np.ndarray:
+    def _check_fits(self, pairs: Sequence[tuple[list[int], list[int]]]) -> None:
         long = self.too_long(pairs)
         if long:
             i = long[0]
@@ -113,6 +108,14 @@ class LMScorer:
                 f"{len(long)} sequence(s) exceed the model context of {self.max_length} tokens "
                 f"(first: pair {i}, {len(pairs[i][0])}+{len(pairs[i][1])} tokens)"
             )
+
+    # -- scoring --------------------------------------------------------------------------------
+    def score(self, contexts: Sequence[str], targets: Sequence[str]) -> np.ndarray:
+        """``(n,) float64`` summed log-probs of each target's tokens."""
+        return self.score_ids(self.encode(contexts, targets))
+
+    def score_ids(self, pairs: Sequence[tuple[list[int], list[int]]]) -> np.ndarray:
+        self._check_fits(pairs)
         items = [_Item(i, c + t, len(c)) for i, (c, t) in enumerate(pairs)]
         out = np.zeros(len(items), dtype=np.float64)
         for batch in make_batches([len(it.ids) for it in items], self.batch_tokens):
@@ -120,20 +123,22 @@ class LMScorer:
             out[[items[j].pos for j in batch]] = sums
         return out
 
-    def score_prefixed(self, prefixes: Sequence[str], contexts: Sequence[str], targets: Sequence[str]):
+    @torch.inference_mode()
+    def score_prefixed(
+        self,
+        prefixes: Sequence[str],
+        contexts: Sequence[str],
+        targets: Sequence[str],
+        pairs: Sequence[tuple[list[int], list[int]]] | None = None,
+    ) -> np.ndarray:
         """Like :meth:`LMScorer.score` for ``contexts[i] = prefixes[i] + ...``, computing each distinct prefix's
         key/value cache once for all the sequences that start with it (EPR's label scoring: a demonstration followed by
         many ``[x][y]``). Token ids are exactly those of the plain scorer: a pair whose tokenisation does not start with
         its prefix's tokens (a merge across the seam) is split after its first token instead. Equal to the plain scorer
-        within float rounding (tested); needs the lean forward (else falls back to it)."""
-        pairs = self.encode(contexts, targets)
-        long = self.too_long(pairs)
-        if long:
-            i = long[0]
-            raise SequenceTooLong(
-                f"{len(long)} sequence(s) exceed the model context of {self.max_length} tokens "
-                f"(first: pair {i}, {len(pairs[i][0])}+{len(pairs[i][1])} tokens)"
-            )
+        within float rounding (tested); needs the lean forward (else it scores plainly). ``pairs``: the token ids of
+        ``encode(contexts, targets)`` where the caller has them already."""
+        pairs = self.encode(contexts, targets) if pairs is None else pairs
+        self._check_fits(pairs)
         from epr.fastlm import FastLlama
 
         if not isinstance(self.backbone, FastLlama):
@@ -161,11 +166,12 @@ class LMScorer:
                 pids[j, : len(keys[g])] = torch.tensor(keys[g])
                 pmask[j, : len(keys[g])] = True
             kv = self.backbone.prefix_kv(pids.to(dev))
+            pmask = pmask.to(dev)
             # the suffixes of these prefixes, length-sorted into token-budget batches
             rows = [(j, i) for j, g in enumerate(gb) for i in groups[keys[g]]]
             sfx = [pairs[i][0][len(keys[gb[j]]) :] + pairs[i][1] for j, i in rows]
             for b in make_batches([len(x) + P for x in sfx], self.batch_tokens):
-                sel = torch.tensor([rows[r][0] for r in b])
+                sel = torch.tensor([rows[r][0] for r in b], device=dev)
                 S = max(len(sfx[r]) for r in b)
                 ids = torch.full((len(b), S), pad, dtype=torch.long)
                 rr, cc, labels, seg = [], [], [], []
@@ -180,15 +186,9 @@ class LMScorer:
                     labels.append(torch.tensor(t))
                     seg.append(torch.full_like(p, bi))
                 start = torch.tensor([len(keys[gb[rows[r][0]]]) for r in b])
-                past = [(k.index_select(0, sel.to(dev)), v.index_select(0, sel.to(dev))) for k, v in kv]
-                with torch.inference_mode():
-                    hidden = self.backbone.forward_after(ids.to(dev), start.to(dev), past, pmask[sel].to(dev))
-                    h = hidden[torch.cat(rr).to(dev), torch.cat(cc).to(dev)]
-                    logits = self.model.get_output_embeddings()(h).float()
-                    lp = torch.log_softmax(logits, dim=-1).gather(1, torch.cat(labels).to(dev)[:, None])[:, 0]
-                    sums = torch.zeros(len(b), dtype=torch.float64, device=dev)
-                    sums.index_add_(0, torch.cat(seg).to(dev), lp.double())
-                out[[rows[r][1] for r in b]] = sums.cpu().numpy()
+                past = [(k.index_select(0, sel), v.index_select(0, sel)) for k, v in kv]
+                hidden = self.backbone.forward_after(ids.to(dev), start.to(dev), past, pmask[sel])
+                out[[rows[r][1] for r in b]] = self._target_sums(hidden, rr, cc, labels, seg, len(b))
         return out
 
     @torch.inference_mode()
@@ -206,15 +206,21 @@ class LMScorer:
             cols.append(p)
             labels.append(torch.tensor(it.ids[it.n_ctx :]))
             seg.append(torch.full_like(p, b))
-        rows_t, cols_t = torch.cat(rows), torch.cat(cols)
         # Right padding under a causal mask: real tokens never attend to the pads that follow them, so no
         # padding mask is needed and attention takes its fast is_causal path.
         hidden = self.backbone(ids.to(self.device))
-        h = hidden[rows_t.to(self.device), cols_t.to(self.device)]  # (n_target_tokens, H)
+        return self._target_sums(hidden, rows, cols, labels, seg, len(items))
+
+    @torch.inference_mode()
+    def _target_sums(self, hidden, rows, cols, labels, seg, n: int) -> np.ndarray:
+        """Summed log-probs of the target tokens: the LM head only at the positions ``(rows, cols)`` of ``hidden``
+        that predict them, summed per sequence ``seg``."""
+        dev = self.device
+        h = hidden[torch.cat(rows).to(dev), torch.cat(cols).to(dev)]  # (n_target_tokens, H)
         logits = self.model.get_output_embeddings()(h).float()
-        lp = torch.log_softmax(logits, dim=-1).gather(1, torch.cat(labels).to(self.device)[:, None])[:, 0]
-        sums = torch.zeros(len(items), dtype=torch.float64, device=self.device)
-        sums.index_add_(0, torch.cat(seg).to(self.device), lp.double())
+        lp = torch.log_softmax(logits, dim=-1).gather(1, torch.cat(labels).to(dev)[:, None])[:, 0]
+        sums = torch.zeros(n, dtype=torch.float64, device=dev)
+        sums.index_add_(0, torch.cat(seg).to(dev), lp.double())
         return sums.cpu().numpy()
 
 

@@ -77,3 +77,19 @@ def tiny_task_files(tmp_path) -> Path:
     write_rows(tmp_path / "demo.pool.jsonl", rows[:24])
     write_rows(tmp_path / "demo.eval.jsonl", rows[24:])
     return tmp_path
+
+
+def torchrun(args: list[str], port: int, env: dict | None = None, timeout: int = 600):
+    """Run ``args`` (a script path or ``-m module`` and its arguments) as 2 CPU processes under torchrun (gloo);
+    on CPU accelerate's own launcher starts one process, torchrun sets the env Accelerator reads."""
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port)]
+    return subprocess.run(
+        [*cmd, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "ACCELERATE_USE_CPU": "1", **(env or {})},
+    )

@@ -7,6 +7,8 @@ from epr.config import load_config
 from epr.stages import scores as scores_stage
 from epr.stages.context import Context
 
+from .conftest import torchrun
+
 
 def make_ctx(tmp_path, data_dir, lm_dir, *overrides):
     cfg = load_config(
@@ -87,9 +89,6 @@ def test_bm25_label_source_needs_no_lm(tmp_path, tiny_task_files):
 
 @pytest.mark.slow
 def test_two_process_scoring_merges_to_single_process_bytes(tmp_path, tiny_task_files, tiny_lm_dir):
-    import os
-    import subprocess
-    import sys
 
     import yaml
 
@@ -99,26 +98,7 @@ def test_two_process_scoring_merges_to_single_process_bytes(tmp_path, tiny_task_
     pipeline.run(two, until="candidates")
     cfg = tmp_path / "cfg.yaml"
     cfg.write_text(yaml.safe_dump(__import__("json").loads(__import__("json").dumps(two.cfg.to_dict()))))
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc_per_node",
-            "2",
-            "--master_port",
-            "29534",
-            "-m",
-            "epr.cli",
-            "scores",
-            "-c",
-            str(cfg),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "ACCELERATE_USE_CPU": "1"},
-    )
+    r = torchrun(["-m", "epr.cli", "scores", "-c", str(cfg)], port=29534)
     assert r.returncode == 0, r.stderr[-3000:]
     assert (two.stage_dir("scores") / "scores.jsonl").read_bytes() == (
         one.stage_dir("scores") / "scores.jsonl"

@@ -13,6 +13,7 @@ from epr.artifacts import write_jsonl
 from epr.train_data import LabelRow, read_labels
 from epr.types import InputError
 
+from .conftest import torchrun
 from .test_pipeline import make_ctx
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -85,25 +86,7 @@ def test_two_process_accelerate_launch(tmp_path, tiny_task_files, minilm_dir):
     import yaml
 
     cfg.write_text(yaml.safe_dump(json.loads(json.dumps(ctx.cfg.to_dict()))))
-    # on CPU, accelerate's launcher starts one process; torchrun sets the env that Accelerator reads (gloo)
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc_per_node",
-            "2",
-            "--master_port",
-            "29533",
-            str(ROOT / "training" / "train_epr.py"),
-            "-c",
-            str(cfg),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "ACCELERATE_USE_CPU": "1"},
-    )
+    r = torchrun([str(ROOT / "training" / "train_epr.py"), "-c", str(cfg)], port=29533)
     assert r.returncode == 0, r.stderr[-3000:]
     m = json.loads((ctx.stage_dir("encoder") / "manifest.json").read_text())
     assert m["processes"] == 2 and m["rows"]["steps"] >= 1
@@ -123,26 +106,7 @@ def test_two_processes_give_the_one_process_gradient(tmp_path, minilm_dir, loss,
         env=env,
     )
     assert r1.returncode == 0, r1.stderr[-3000:]
-    r2 = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc_per_node",
-            "2",
-            "--master_port",
-            "29547",
-            worker,
-            str(two),
-            loss,
-            str(chunk),
-            minilm_dir,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
-    )
+    r2 = torchrun([worker, str(two), loss, str(chunk), minilm_dir], port=29547, env={"OMP_NUM_THREADS": "1"})
     assert r2.returncode == 0, r2.stderr[-3000:]
     import torch
 

@@ -80,13 +80,12 @@ def score_chunk(
     """Score one chunk of rankings; returns rows ``{qid, ids, scores}`` and the number of too-long pairs.
 
     Pairs found in ``cache`` are not scored again; the new scores are added to it."""
-    contexts, targets, where, demos, queries = [], [], [], [], []
+    contexts, targets, where, demos = [], [], [], []
     for r in rankings:
         x = pool[r.qid]
         for j, cid in enumerate(r.ids):
             demos.append(task.format_demo(pool[cid]))
-            queries.append(task.format_query(x.input))
-            contexts.append(demos[-1] + queries[-1])
+            contexts.append(demos[-1] + task.format_query(x.input))
             targets.append(task.format_target(x.output))
             where.append((r.qid, j))
     flat: list[float | None] = [None] * len(contexts)
@@ -99,12 +98,15 @@ def score_chunk(
             "scores: query %d, candidate #%d is longer than the LM context; score left null", *where[i]
         )
     keep = [i for i in todo if i not in too_long]
+    pos = {i: j for j, i in enumerate(todo)}
     if keep and scorer.prefix_share:
         vals = scorer.score_prefixed(
-            [demos[i] for i in keep], [contexts[i] for i in keep], [targets[i] for i in keep]
+            [demos[i] for i in keep],
+            [contexts[i] for i in keep],
+            [targets[i] for i in keep],
+            pairs=[pairs[pos[i]] for i in keep],
         )
     elif keep:
-        pos = {i: j for j, i in enumerate(todo)}
         vals = scorer.score_ids([pairs[pos[i]] for i in keep])
     else:
         vals = []
