@@ -3,23 +3,28 @@
 from epr.api import PromptRetriever
 r = PromptRetriever.from_run("runs/mydata")
 res = r.retrieve("turn on the kitchen lights", k=4)
-print(res.prompt)          # demonstrations (best last, right before the query) + the query
+print(res.prompt)          # the demonstrations that fit the run's prompt budget (best last) + the query
 for ex, score in zip(res.demos, res.scores): print(score, ex.input, "->", ex.output)
+
+The prompt is built exactly as the run's ``prompts`` stage builds it (``epr.stages.prompts.prompt_maker``'s
+budget rules, counted in the inference LM's tokens): the API's ready prompt is the prompt that was evaluated.
 """
 
 from __future__ import annotations
 
-import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from epr.artifacts import read_jsonl
-from epr.config import DataConfig, config_from_dict
+from epr.artifacts import fingerprint, read_jsonl, read_manifest
+from epr.config import DataConfig, RetrieveConfig, config_from_dict
 from epr.encoder import DualEncoder
 from epr.index import build_index, load_index, save_index, search
+from epr.prompts import build_prompt
 from epr.tasks import get_task
+from epr.train_data import demo_text
 from epr.types import Example
 
 __all__ = ["PromptRetriever", "RetrievalResult"]
@@ -29,46 +34,100 @@ __all__ = ["PromptRetriever", "RetrievalResult"]
 class RetrievalResult:
     demos: list[Example]  # best first
     scores: list[float]  # inner products, best first
-    prompt: str  # [e_k; ...; e_1; query], ready for the LM
+    prompt: str  # [e_j; ...; e_1; query]: the demonstrations that fit the budget, best right before the query
+    prompt_demos: int = 0  # how many of ``demos`` (the best ones) the prompt holds
+
+
+@dataclass(frozen=True)
+class Budget:
+    """The prompt rules of a run: tokens of the inference LM, room for the answer, most demonstrations."""
+
+    prompt_budget: int
+    answer_reserve: int
+    max_demos: int
+    tokenizer: str  # the inference LM whose tokens are counted
 
 
 class PromptRetriever:
     """A trained EPR encoder over a run's demonstration pool, with a cached faiss index."""
 
-    def __init__(self, encoder: DualEncoder, pool: list[Example], task, index=None, factory: str = "Flat"):
+    def __init__(
+        self,
+        encoder: DualEncoder,
+        pool: list[Example],
+        task,
+        index=None,
+        factory: str = "Flat",
+        budget: Budget | None = None,
+        count: Callable[[str], int] | None = None,
+    ):
         self.encoder, self.pool, self.task = encoder, pool, task
         if index is None:
-            emb = encoder.encode([task.format_demo(e).strip() for e in pool], "prompt", progress=True)
-            index = build_index(emb, factory)
+            index = build_index(
+                encoder.encode([demo_text(task, e) for e in pool], "prompt", progress=True), factory
+            )
         self.index = index
+        d = RetrieveConfig()
+        self.budget = budget or Budget(d.prompt_budget, d.answer_reserve, d.max_demos, "smollm2")
+        self._count = count
 
     @classmethod
     def from_run(cls, run_dir: str | Path, factory: str = "Flat") -> PromptRetriever:
+        """The run's trained encoder and pool; the prompt rules of its ``prompts`` stage (defaults where the run
+        has not built prompts). The faiss index is cached under ``<run_dir>/.cache/index/``, keyed by the encoder's
+        and the pool's fingerprints and the index factory."""
         run = Path(run_dir)
         model = run / "encoder" / "model"
-        if not model.exists():
+        enc_man, ex_man = read_manifest(run / "encoder"), read_manifest(run / "examples")
+        if not model.exists() or enc_man is None:
             raise FileNotFoundError(f"{model}: no trained encoder in this run (train it first: see README)")
-        man = json.loads((run / "examples" / "manifest.json").read_text())
-        task = get_task(config_from_dict(DataConfig, man["config"]["data"]))
+        task = get_task(config_from_dict(DataConfig, ex_man["config"]["data"]))
         pool = [Example.from_json(r) for r in read_jsonl(run / "examples" / "pool.jsonl")]
-        cached = run / "encoder" / f"pool.{factory.replace(',', '_')}.faiss"
         enc = DualEncoder.from_pretrained(str(model))
-        if cached.exists() and cached.stat().st_mtime >= (model / "dual_encoder.json").stat().st_mtime:
-            return cls(enc, pool, task, load_index(cached))
-        r = cls(enc, pool, task, factory=factory)
+        pm = read_manifest(run / "prompts")
+        budget = None
+        if pm is not None:
+            c = pm["config"]
+            budget = Budget(c["prompt_budget"], c["answer_reserve"], c["max_demos"], c["tokenizer"]["lm"])
+        key = {"encoder": enc_man["fingerprint"], "pool": ex_man["fingerprint"], "factory": factory}
+        cached = run / ".cache" / "index" / f"{fingerprint(key)}.faiss"
+        if cached.exists():
+            return cls(enc, pool, task, load_index(cached), budget=budget)
+        r = cls(enc, pool, task, factory=factory, budget=budget)
         save_index(r.index, cached)
         return r
+
+    def count(self, text: str) -> int:
+        if self._count is None:
+            from transformers import AutoTokenizer
+
+            from epr.models import resolve_lm
+
+            tok = AutoTokenizer.from_pretrained(resolve_lm(self.budget.tokenizer))
+            self._count = lambda s: len(tok(s, add_special_tokens=False)["input_ids"])
+        return self._count(text)
 
     def retrieve(self, query: str, k: int = 8) -> RetrievalResult:
         if not query.strip():
             raise ValueError("empty query")
         q = self.encoder.encode([query], "query")
         ids, sc = search(self.index, q, k)
-        demos = [self.pool[i] for i in ids[0] if i >= 0]
-        prompt = "".join(self.task.format_demo(e) for e in reversed(demos)) + self.task.format_query(query)
-        return RetrievalResult(demos, [float(s) for s in sc[0][: len(demos)]], prompt)
+        keep = [j for j, i in enumerate(ids[0]) if i >= 0]
+        demos = [self.pool[ids[0][j]] for j in keep]
+        b = self.budget
+        p = build_prompt(
+            self.task,
+            Example(-1, query, "", {}),
+            [int(ids[0][j]) for j in keep],
+            self.pool,
+            self.count,
+            b.prompt_budget,
+            b.answer_reserve,
+            b.max_demos,
+        )
+        return RetrievalResult(demos, [float(sc[0][j]) for j in keep], p.text, len(p.demo_ids))
 
     def scores_for(self, query: str, ids) -> np.ndarray:
         q = self.encoder.encode([query], "query")[0]
-        p = self.encoder.encode([self.task.format_demo(self.pool[i]).strip() for i in ids], "prompt")
+        p = self.encoder.encode([demo_text(self.task, self.pool[i]) for i in ids], "prompt")
         return p @ q

@@ -12,7 +12,7 @@ import logging
 import os
 import tempfile
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ __all__ = [
     "write_manifest",
     "read_manifest",
     "stage_state",
+    "ChunkStore",
 ]
 
 log = logging.getLogger(__name__)
@@ -149,3 +150,78 @@ def stage_state(stage_dir: str | Path, fp: str) -> str:
     if m is None:
         return "missing"
     return "fresh" if m.get("fingerprint") == fp else "stale"
+
+
+class ChunkStore:
+    """Resumable chunks of one computation, served again only under the same key and for the same inputs.
+
+    ``key`` is everything that produced the chunks besides their inputs: config sections, upstream fingerprints,
+    the model's identity, the resolved dtype and the device class. Every chunk file records the key's fingerprint
+    and a digest of the inputs it was computed from; :meth:`get` returns its rows only when both match, so a changed
+    setting, another LM with the same tokenizer, or other prompts recompute instead of serving a stale answer.
+    The main process removes chunks written under another key (``claim``). Chunks are written atomically, so a
+    killed run loses at most the chunk it was computing."""
+
+    def __init__(self, root: str | Path, key: Any, *, claim: bool = True):
+        self.root, self.key, self.fp = Path(root), key, fingerprint(key)
+        if claim:
+            self.claim()
+
+    def claim(self) -> None:
+        """Make the folder this key's: chunks of another key are deleted, ``KEY.json`` names the key."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        stamp = self.root / "KEY.json"
+        old = json.loads(stamp.read_text(encoding="utf-8")).get("fingerprint") if stamp.exists() else None
+        if old != self.fp:
+            stale = list(self.root.glob("chunk-*.json"))
+            if stale:
+                log.info("%s: %d chunks from another computation removed", self.root, len(stale))
+            for f in stale:
+                f.unlink()
+            atomic_write_text(stamp, json.dumps({"fingerprint": self.fp, "key": self.key}, indent=2) + "\n")
+
+    @staticmethod
+    def digest(inputs: Any) -> str:
+        return hashlib.sha256(_dumps(inputs).encode()).hexdigest()[:24]
+
+    def path(self, c: int) -> Path:
+        return self.root / f"chunk-{c:06d}.json"
+
+    def get(self, c: int, inputs: Any = None) -> list | None:
+        """Chunk ``c``'s rows if it was computed under this key from ``inputs``; else None."""
+        p = self.path(c)
+        if not p.exists():
+            return None
+        try:
+            d = json.loads(p.read_text(encoding="utf-8"))
+        except json.JSONDecodeError:
+            log.warning("%s: unreadable chunk, recomputed", p)
+            return None
+        if d.get("key") != self.fp or d.get("inputs") != self.digest(inputs):
+            return None
+        return d["rows"]
+
+    def put(self, c: int, rows: list, inputs: Any = None) -> None:
+        body = {"key": self.fp, "inputs": self.digest(inputs), "rows": rows}
+        atomic_write_text(self.path(c), json.dumps(body, ensure_ascii=False, sort_keys=True))
+
+    def map(self, items: Sequence[Any], chunk: int, fn, desc: str = "", unit: str = "item") -> list:
+        """``fn`` over ``items`` in chunks of ``chunk`` (each a list of JSON-able rows, one per item), reusing
+        the chunks already computed under this key from the same items; returns every row in order."""
+        from tqdm.auto import tqdm
+
+        out: list = []
+        chunk = max(1, chunk)
+        bar = tqdm(total=len(items), desc=desc or self.root.name, unit=unit)
+        for c, s in enumerate(range(0, len(items), chunk)):
+            part = list(items[s : s + chunk])
+            rows = self.get(c, part)
+            if rows is None:
+                rows = list(fn(part))
+                if len(rows) != len(part):
+                    raise RuntimeError(f"{self.root}: chunk {c} gave {len(rows)} rows for {len(part)} items")
+                self.put(c, rows, part)
+            out.extend(rows)
+            bar.update(len(part))
+        bar.close()
+        return out

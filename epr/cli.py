@@ -18,7 +18,7 @@ __all__ = ["main", "build_parser", "context_from_args"]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from epr.pipeline import STAGES
+    from epr.pipeline import ALIASES, STAGES
 
     p = argparse.ArgumentParser(
         prog="epr", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -34,11 +34,15 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True)
     sub.add_parser("status", parents=[common], help="show each stage as fresh, stale or missing")
     r = sub.add_parser("run", parents=[common], help="run every stale stage up to --until")
-    r.add_argument("--until", default="labels", choices=sorted(STAGES))
+    r.add_argument("--until", default="labels", choices=sorted([*STAGES, *ALIASES]))
     r.add_argument(
-        "--force", action="append", default=[], choices=sorted(STAGES), help="rerun this stage even if fresh"
+        "--force",
+        action="append",
+        default=[],
+        choices=sorted([*STAGES, *ALIASES]),
+        help="rerun this stage even if fresh",
     )
-    for name in STAGES:
+    for name in [*STAGES, *ALIASES]:
         s = sub.add_parser(name, parents=[common], help=f"run the {name} stage (its upstream must be fresh)")
         s.add_argument("--force", action="store_true")
     i = sub.add_parser("inspect", parents=[common], help="show what each retriever picks for one query")
@@ -60,7 +64,7 @@ DEMO_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"
 
 def context_from_args(args: argparse.Namespace):
     from epr.config import load_config
-    from epr.stages.context import Context, Dist
+    from epr.context import Context, Dist
 
     paths = args.config or ([DEMO_CONFIG] if args.cmd in ("demo", "inspect") else [])
     return Context(load_config(paths, args.set), Dist.from_env())
@@ -73,8 +77,8 @@ def run_demo(ctx) -> int:
     from epr import pipeline
 
     t0 = time.time()
-    pipeline.run(ctx, until="compare")
-    out = ctx.stage_dir("compare")
+    pipeline.run(ctx, until="evaluate")
+    out = ctx.stage_dir("evaluate")
     sys.stdout.write("\n" + (out / "results.md").read_text() + "\n")
     sys.stdout.write(
         f"Done in {time.time() - t0:.0f} s. Everything is under {ctx.cfg.run_dir}/:\n"
@@ -121,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"ran: {', '.join(ran) or 'nothing (all fresh)'}; outputs in {ctx.cfg.run_dir}\n"
                 )
             return 0
-        pipeline.run_stage(ctx, args.cmd, force=args.force)
+        pipeline.run_stage(ctx, pipeline.ALIASES.get(args.cmd, args.cmd), force=args.force)
         return 0
     except (InputError, ValueError, FileNotFoundError) as e:
         logging.getLogger("epr").error("%s", e)

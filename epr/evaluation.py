@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-__all__ = ["mean_ci", "mcnemar_exact", "paired_rows", "PAPER"]
+__all__ = ["mean_ci", "mcnemar_exact", "paired_rows", "seeded_subset", "PAPER"]
 
 # SPEC 2.8: GPT-Neo 2.7B, dev sets (EM; LF-EM for BREAK)
 PAPER = {
@@ -39,6 +39,14 @@ PAPER = {
         "lm-oracle": 73.7,
     },
 }
+
+
+def seeded_subset(n: int, limit: int | None, seed: int) -> np.ndarray:
+    """Sorted positions of a seeded random subset of ``limit`` of ``n`` items (all of them when ``limit`` is None or
+    not smaller than ``n``): the one way every evaluation subset is drawn."""
+    if limit is None or limit >= n:
+        return np.arange(n)
+    return np.sort(np.random.default_rng(seed).choice(n, limit, replace=False))
 
 
 def mean_ci(

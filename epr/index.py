@@ -43,7 +43,14 @@ def brute_force(emb: np.ndarray, queries: np.ndarray, k: int) -> tuple[np.ndarra
 
 
 def save_index(index: faiss.Index, path: str | Path) -> None:
-    faiss.write_index(index, str(path))
+    """Write atomically (a temp file, then a rename), creating the folder."""
+    import os
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    faiss.write_index(index, str(tmp))
+    os.replace(tmp, path)
 
 
 def load_index(path: str | Path) -> faiss.Index:

@@ -1,4 +1,5 @@
-"""``epr inspect``: for one query, what each retriever picks, with scores, and what RAGSys diversity / quality changed."""
+"""``epr inspect``: for one query, what each retriever picks, with its scores, what RAGSys diversity / quality
+changed, and the prompt the inference LM would see (built as the compare stages build it)."""
 
 from __future__ import annotations
 
@@ -12,74 +13,72 @@ from epr.types import Example
 
 
 def inspect_query(ctx, query: str, k: int = 5, out=sys.stdout) -> dict:
+    from epr.stages.prompts import prompt_maker
+
     cfg, task, pool = ctx.cfg, ctx.task, ctx.examples("pool")
     q = Example(-1, query, "", {})
-    encoders: dict = {}
+    loaded: dict = {}
     shown: dict[str, list[int]] = {}
-    names = [n for n in cfg.retrieve.retrievers if "oracle" not in n]
     quality = None
-    for name in names:
+    make_prompt = prompt_maker(ctx)
+    for name in [n for n in cfg.retrieve.retrievers if "oracle" not in n]:
         base, div, bias = parse_retriever_name(name)
         try:
-            r = make_retriever(base, pool, task, cfg, cfg.run_dir, encoders)
+            r = make_retriever(base, pool, task, cfg, ctx.encoder_dir(base), loaded)
         except FileNotFoundError as e:
             out.write(f"\n## {name}: skipped ({e})\n")
             continue
-        ids = r.retrieve([q], cfg.retrieve.k)[0]
-        if (div or bias) and isinstance(r, DenseRetriever):
+        hits = r.retrieve([q], cfg.retrieve.k)
+        ids, scores = hits.ids[0], hits.scores[0]
+        if div or bias:
             if bias and quality is None:
-                quality = _quality(ctx)
+                from epr.stages.rerank import pool_quality
+
+                quality = pool_quality(ctx)
+            assert isinstance(r, DenseRetriever)
+            qe = r.query_embeddings([q])
             ids = rerank(
-                r.query_embeddings([q]),
+                qe,
                 r.pool_emb,
                 ids[None],
-                k,
+                cfg.retrieve.max_demos,
                 cfg.ragsys.lambda_d if div else 1.0,
                 cfg.ragsys.lambda_b,
                 quality if bias else None,
             )[0]
-        ids = ids[:k].tolist()
-        shown[name] = ids
-        scores = None
-        if isinstance(r, DenseRetriever):
-            scores = r.pool_emb[ids] @ r.query_embeddings([q])[0]
-        elif hasattr(r, "index") and hasattr(r.index, "scores"):
-            scores = r.index.scores(query)[ids]
+            scores = r.pool_emb[ids] @ qe[0]
+        prompt = make_prompt(q, ids)
+        shown[name] = ids[:k].tolist()
         out.write(f"\n## {name}\n")
-        for rank, i in enumerate(ids, start=1):
-            s = "" if scores is None else f"{float(scores[rank - 1]):8.3f}  "
-            out.write(f"{rank:>2}. {s}[{i}] {pool[i].input}  ->  {pool[i].output}\n")
+        for rank, (i, s) in enumerate(zip(shown[name], scores), start=1):
+            out.write(f"{rank:>2}. {float(s):8.3f}  [{i}] {pool[i].input}  ->  {pool[i].output}\n")
+        out.write(
+            f"   prompt: {len(prompt.demo_ids)} demonstrations, {prompt.n_tokens} tokens with the answer reserve "
+            f"({prompt.status})\n"
+        )
         if (div or bias) and base in shown:
-            dropped = [i for i in shown[base] if i not in ids]
-            added = [i for i in ids if i not in shown[base]]
-            what = " + ".join(
-                x
-                for x, on in (
-                    (f"diversity (lambda_d={cfg.ragsys.lambda_d})", div),
-                    (f"quality bias (lambda_b={cfg.ragsys.lambda_b})", bias),
-                )
-                if on
-            )
-            out.write(f"   {what} dropped {dropped} and added {added} vs {base}\n")
-            if bias:
-                out.write(
-                    "   quality (mean log p(output | input)): "
-                    + ", ".join(f"[{i}] {quality[i]:.2f}" for i in ids)
-                    + "\n"
-                )
-            if added:
-                sims = r.pool_emb[ids] / np.linalg.norm(r.pool_emb[ids], axis=1, keepdims=True)
-                out.write(f"   mean pairwise cosine: {float((sims @ sims.T).mean()):.3f}\n")
+            _explain(out, cfg, r, shown[base], shown[name], div, bias, quality)
     return shown
 
 
-def _quality(ctx) -> np.ndarray:
-    """The pool's quality bias, as the compare stage caches it (computed here if missing)."""
-    from epr.models import load_lm_for
-    from epr.rerank import pool_quality
-
-    cfg = ctx.cfg
-    model, tok = load_lm_for(cfg.models, inference=True)
-    out = ctx.stage_dir("compare")
-    out.mkdir(parents=True, exist_ok=True)
-    return pool_quality(model, tok, ctx.task, ctx.examples("pool"), cfg, out)
+def _explain(out, cfg, r, before: list[int], ids: list[int], div: bool, bias: bool, quality) -> None:
+    dropped = [i for i in before if i not in ids]
+    added = [i for i in ids if i not in before]
+    what = " + ".join(
+        x
+        for x, on in (
+            (f"diversity (lambda_d={cfg.ragsys.lambda_d})", div),
+            (f"quality bias (lambda_b={cfg.ragsys.lambda_b})", bias),
+        )
+        if on
+    )
+    out.write(f"   {what} dropped {dropped} and added {added} vs the first stage\n")
+    if bias:
+        out.write(
+            "   quality (mean log p(output | input)): "
+            + ", ".join(f"[{i}] {quality[i]:.2f}" for i in ids)
+            + "\n"
+        )
+    if added:
+        sims = r.pool_emb[ids] / np.linalg.norm(r.pool_emb[ids], axis=1, keepdims=True)
+        out.write(f"   mean pairwise cosine: {float((sims @ sims.T).mean()):.3f}\n")

@@ -19,7 +19,20 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["cache_dir", "resolve_lm", "resolve_encoder", "load_lm", "load_encoder", "pick_dtype", "PACKAGED"]
+__all__ = [
+    "cache_dir",
+    "resolve_lm",
+    "resolve_encoder",
+    "load_lm",
+    "load_lm_for",
+    "load_tokenizer_for",
+    "load_encoder",
+    "lm_name",
+    "lm_identity",
+    "default_device",
+    "pick_dtype",
+    "PACKAGED",
+]
 
 log = logging.getLogger(__name__)
 
@@ -186,10 +199,58 @@ def load_lm(
     return model, tok
 
 
-def load_lm_for(models, inference: bool = False, device: str = "cpu"):
-    """:func:`load_lm` with a run's ``models`` config: the scoring LM, or the inference LM when ``inference``."""
-    name = (models.inference_lm or models.lm) if inference else models.lm
-    return load_lm(name, models.cache_dir, models.dtype, device, pack=models.pack_linear)
+def lm_name(models, inference: bool = False) -> str:
+    """The scoring LM's name, or the inference LM's (``models.inference_lm``, defaulting to the scoring LM)."""
+    return (models.inference_lm or models.lm) if inference else models.lm
+
+
+def default_device() -> str:
+    """``cuda`` when a GPU is visible, else ``cpu``: generation, scoring and the quality bias all use it."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def model_identity(name: str) -> dict:
+    """What names a model's weights: the name, and for a local folder also the sizes and a digest of the first MiB
+    of its files (``files``), so a folder whose weights were replaced is another model to every cache."""
+    p = Path(name)
+    if not p.is_dir():
+        return {"lm": name}
+    h = hashlib.sha256()
+    for f in sorted(x for x in p.iterdir() if x.is_file()):
+        with open(f, "rb") as fh:
+            h.update(f.name.encode() + str(f.stat().st_size).encode() + fh.read(1 << 20))
+    return {"lm": name, "files": h.hexdigest()[:16]}
+
+
+def lm_identity(models, inference: bool = False, device: str | None = None) -> dict:
+    """Everything about an LM that changes what it computes besides the texts: its identity, the dtype
+    ``models.dtype`` resolves to here (``auto`` is bf16 on one machine and fp32 on another) and the device class."""
+    device = device or default_device()
+    dt = pick_dtype(models.dtype, device)
+    return {
+        **model_identity(lm_name(models, inference)),
+        "dtype": "bf16" if dt == torch.bfloat16 else "fp32",
+        "device": torch.device(device).type,
+    }
+
+
+def load_lm_for(models, inference: bool = False, device: str | None = None):
+    """:func:`load_lm` with a run's ``models`` config: the scoring LM, or the inference LM when ``inference``;
+    on the GPU when there is one."""
+    return load_lm(
+        lm_name(models, inference),
+        models.cache_dir,
+        models.dtype,
+        device or default_device(),
+        models.pack_linear,
+    )
+
+
+def load_tokenizer_for(models, inference: bool = False):
+    """The tokenizer alone (counting prompt tokens needs no weights)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(resolve_lm(lm_name(models, inference), models.cache_dir))
 
 
 def load_encoder(name: str, cache: str | None = None, device: str = "cpu"):

@@ -11,11 +11,13 @@ import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
+from epr import stages as st
 from epr.artifacts import fingerprint, stage_state, write_manifest
-from epr.stages.context import Context
+from epr.context import Context
 
-__all__ = ["Stage", "STAGES", "stage_fingerprint", "status", "run_stage", "run"]
+__all__ = ["Stage", "STAGES", "ALIASES", "stage_fingerprint", "status", "run_stage", "run"]
 
 log = logging.getLogger(__name__)
 
@@ -24,85 +26,136 @@ log = logging.getLogger(__name__)
 class Stage:
     name: str
     deps: Callable[[Context], tuple[str, ...]]
-    keys: Callable[[Context], dict]  # the config values the stage reads
-    fn: str  # "module:function", imported lazily (heavy imports only when the stage runs)
+    keys: Callable[[Context], dict]  # the config values (and identities) the stage's output depends on
+    fn: Callable[[Context, Path, str], dict | None]  # epr.stages: each imports its module when it runs
     distributed: bool = False  # every process runs it (else: the main process only)
-
-    def func(self):
-        import importlib
-
-        mod, name = self.fn.split(":")
-        return getattr(importlib.import_module(mod), name)
-
-
-def _scores_keys(ctx: Context) -> dict:
-    from epr.stages.scores import scoring_key
-
-    return scoring_key(ctx.cfg)
 
 
 def _const(*deps: str):
     return lambda ctx: deps
 
 
+def _retrieve_deps(ctx: Context) -> tuple[str, ...]:
+    firsts = {n.split("+")[0] for n in ctx.cfg.retrieve.retrievers}
+    return ("examples",) + tuple(d for d, r in (("encoder", "epr"), ("dr-bm25", "dr-bm25")) if r in firsts)
+
+
+def _retrieve_keys(ctx: Context) -> dict:
+    from epr.stages.scores import scoring_key
+
+    cfg, rc = ctx.cfg, ctx.cfg.retrieve
+    firsts = list(dict.fromkeys(n.split("+")[0] for n in rc.retrievers))
+    keys = {
+        "first_stages": firsts,
+        "k": rc.k,
+        "index_factory": rc.index_factory,
+        "eval_limit": rc.eval_limit,
+        "seed": cfg.seed,
+        "bm25_backend": cfg.candidates.backend,
+    }
+    if "sbert" in firsts:
+        keys["sbert"] = cfg.models.encoder
+    if "lm-oracle" in firsts:
+        keys["lm_oracle"] = {"L": rc.oracle_candidates or cfg.candidates.L, **scoring_key(cfg)}
+    return keys
+
+
+def _rerank_keys(ctx: Context) -> dict:
+    from epr.models import lm_identity
+
+    cfg = ctx.cfg
+    names = cfg.retrieve.retrievers
+    keys: dict = {"retrievers": list(names), "max_demos": cfg.retrieve.max_demos}
+    if any("+" in n for n in names):
+        keys["ragsys"] = {"lambda_d": cfg.ragsys.lambda_d, "lambda_b": cfg.ragsys.lambda_b}
+    if any(n.endswith("+bias") for n in names):
+        keys["quality_lm"] = lm_identity(cfg.models, inference=True)
+    return keys
+
+
+def _prompts_keys(ctx: Context) -> dict:
+    from epr.models import lm_name, model_identity
+
+    rc = ctx.cfg.retrieve
+    return {
+        "prompt_budget": rc.prompt_budget,
+        "answer_reserve": rc.answer_reserve,
+        "max_demos": rc.max_demos,
+        "tokenizer": model_identity(lm_name(ctx.cfg.models, inference=True)),
+    }
+
+
+def _predict_keys(ctx: Context) -> dict:
+    from epr.models import lm_identity
+    from epr.stages.scores import scoring_key
+
+    cfg = ctx.cfg
+    return {
+        "generate": cfg.section("generate"),
+        "lm": lm_identity(cfg.models, inference=True),
+        "gold_logprob": scoring_key(cfg, inference=True),
+    }
+
+
+def _scoring_keys(ctx: Context) -> dict:
+    from epr.stages.scores import scoring_key
+
+    return scoring_key(ctx.cfg)
+
+
+def _sub_run_keys(ctx: Context) -> dict:
+    sub = ctx.sub_run("dr-bm25")
+    return {"encoder": stage_fingerprint(sub, "encoder")}
+
+
 STAGES: dict[str, Stage] = {
     s.name: s
     for s in [
-        Stage(
-            "examples", _const(), lambda c: {"data": c.cfg.section("data")}, "epr.stages.data:run_examples"
-        ),
+        Stage("examples", _const(), lambda c: {"data": c.cfg.section("data")}, st.run_examples),
         Stage(
             "candidates",
             _const("examples"),
             lambda c: {"candidates": c.cfg.section("candidates"), "query_order": "nested-permutation"},
-            "epr.stages.candidates:run_candidates",
+            st.run_candidates,
         ),
         Stage(
             "scores",
             _const("candidates"),
-            _scores_keys,  # the resolved dtype; batch layout only where it changes results (bf16)
-            "epr.stages.scores:run_scores",
+            # the LM's identity, resolved dtype and device; batch layout only where it changes results (bf16)
+            _scoring_keys,
+            st.run_scores,
             distributed=True,
         ),
         Stage(
             "labels",
             lambda c: ("scores",) if c.cfg.labels.source == "lm" else ("candidates",),
             lambda c: {"labels": c.cfg.section("labels")},
-            "epr.stages.labels:run_labels",
+            st.run_labels,
         ),
         Stage(
             "encoder",
             _const("labels"),
             lambda c: {"train": c.cfg.section("train"), "encoder": c.cfg.models.encoder},
-            "epr.stages.encoder:run_encoder",
+            st.run_encoder,
+            distributed=True,
         ),
-        Stage(
-            "compare",
-            lambda c: (
-                ("encoder",)
-                if any(r.split("+")[0] in ("epr", "dr-bm25") for r in c.cfg.retrieve.retrievers)
-                else ("examples",)
-            ),
-            lambda c: (
-                {k: c.cfg.section(k) for k in ("retrieve", "generate", "ragsys")}
-                | {
-                    "lm": c.cfg.models.inference_lm or c.cfg.models.lm,
-                    "encoder": c.cfg.models.encoder,
-                    "seed": c.cfg.seed,
-                }
-            ),
-            "epr.stages.compare:run_compare",
-        ),
+        Stage("dr-bm25", _const(), _sub_run_keys, st.run_dr_bm25),  # a sub-run: this run with BM25 labels
+        Stage("retrieve", _retrieve_deps, _retrieve_keys, st.run_retrieve),
+        Stage("rerank", _const("retrieve"), _rerank_keys, st.run_rerank),
+        Stage("prompts", _const("rerank"), _prompts_keys, st.run_prompts),
+        Stage("predict", _const("prompts"), _predict_keys, st.run_predict),
+        Stage("evaluate", _const("predict"), lambda c: {"task": c.cfg.data.task}, st.run_evaluate),
     ]
 }
+ALIASES = {"compare": "evaluate"}  # the back half's old single stage: ``--until compare`` still works
 
 
 def stage_fingerprint(ctx: Context, name: str, _memo: dict | None = None) -> str:
     memo = {} if _memo is None else _memo
     if name not in memo:
-        st = STAGES[name]
-        ups = {d: stage_fingerprint(ctx, d, memo) for d in st.deps(ctx)}
-        memo[name] = fingerprint({"stage": name, "keys": st.keys(ctx), "upstream": ups})
+        stage = STAGES[name]
+        ups = {d: stage_fingerprint(ctx, d, memo) for d in stage.deps(ctx)}
+        memo[name] = fingerprint({"stage": name, "keys": stage.keys(ctx), "upstream": ups})
     return memo[name]
 
 
@@ -136,8 +189,8 @@ def run_stage(ctx: Context, name: str, force: bool = False) -> bool:
             raise RuntimeError(
                 f"stage {name!r} needs {d!r}, which is not fresh: run `epr run --until {name}`"
             )
-    st = STAGES[name]
-    if not (st.distributed or ctx.dist.is_main):
+    stage = STAGES[name]
+    if not (stage.distributed or ctx.dist.is_main):
         ctx.dist.barrier()
         return True
     if ctx.dist.is_main and (out / "manifest.json").exists():
@@ -145,16 +198,16 @@ def run_stage(ctx: Context, name: str, force: bool = False) -> bool:
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     log.info("%s: running", name)
-    res = st.func()(ctx, out, fp) or {}
+    res = stage.fn(ctx, out, fp) or {}
     if ctx.dist.is_main:
         write_manifest(
             out,
             stage=name,
             fp=fp,
-            config=st.keys(ctx),
+            config=stage.keys(ctx),
             rows=res.get("rows", {}),
             extra={
-                "upstream": {d: stage_fingerprint(ctx, d) for d in st.deps(ctx)},
+                "upstream": {d: stage_fingerprint(ctx, d) for d in stage.deps(ctx)},
                 "seconds": round(time.time() - t0, 1),
                 **res.get("extra", {}),
             },
@@ -165,6 +218,8 @@ def run_stage(ctx: Context, name: str, force: bool = False) -> bool:
 
 def run(ctx: Context, until: str = "labels", force: tuple[str, ...] = ()) -> list[str]:
     """Run every stale or missing stage up to ``until``; returns the stages that ran."""
+    until = ALIASES.get(until, until)
+    force = tuple(ALIASES.get(f, f) for f in force)
     ran = []
     for name in upstream(ctx, until):
         if run_stage(ctx, name, force=name in force):

@@ -2,7 +2,9 @@
 
 Unsupervised: ``random``, ``bm25`` (over inputs), ``sbert`` (frozen encoder, cosine; KATE).
 Learned: ``epr`` (trained dual encoder, inner product over a faiss index); ``dr-bm25`` is the same class
-pointed at an encoder trained on BM25 labels (a sub-run in ``<run_dir>/dr-bm25/``, trained on first use). Oracles (they see the gold output; never a fair baseline):
+pointed at an encoder trained on BM25 labels (the pipeline's ``dr-bm25`` sub-run trains it). Every ``retrieve``
+returns :class:`epr.types.Hits` (ids and the retriever's scores). Oracles (they see the gold output; never a fair
+baseline):
 ``bm25-oracle`` (BM25 over outputs with the gold y) and ``lm-oracle`` (those candidates re-ranked by the scoring LM's
 log p(y_test | e, x_test), the label-generation score applied to the test example).
 """
@@ -11,12 +13,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 
 from epr.bm25 import BM25Index
+from epr.config import RETRIEVERS
 from epr.index import build_index, search
-from epr.types import Example
+from epr.train_data import demo_text
+from epr.types import Example, Hits, Retriever
 
 __all__ = [
     "RandomRetriever",
@@ -25,6 +30,7 @@ __all__ = [
     "LMOracleRetriever",
     "make_retriever",
     "ORACLES",
+    "KNOWN",
 ]
 
 ORACLES = {"bm25-oracle", "lm-oracle"}
@@ -32,15 +38,16 @@ ORACLES = {"bm25-oracle", "lm-oracle"}
 log = logging.getLogger(__name__)
 
 
-def _drop_excluded(ids: np.ndarray, exclude: np.ndarray | None, k: int) -> np.ndarray:
+def _drop_excluded(ids: np.ndarray, scores: np.ndarray, exclude: np.ndarray | None, k: int) -> Hits:
     """Rows of ``ids`` (over-fetched by one) without the excluded id, cut to ``k``."""
     if exclude is None:
-        return ids[:, :k]
-    out = np.empty((ids.shape[0], min(k, ids.shape[1])), dtype=np.int64)
-    for i, row in enumerate(ids):
-        row = row[(row != exclude[i]) & (row >= 0)]
-        out[i] = row[: out.shape[1]]
-    return out
+        return Hits(ids[:, :k], scores[:, :k].astype(np.float64))
+    n = min(k, ids.shape[1] - 1) if ids.shape[1] > k else min(k, ids.shape[1])
+    out, sc = np.empty((ids.shape[0], n), dtype=np.int64), np.empty((ids.shape[0], n), dtype=np.float64)
+    for i, (row, srow) in enumerate(zip(ids, scores)):
+        keep = (row != exclude[i]) & (row >= 0)
+        out[i], sc[i] = row[keep][:n], srow[keep][:n]
+    return Hits(out, sc)
 
 
 class RandomRetriever:
@@ -56,7 +63,7 @@ class RandomRetriever:
             if exclude is not None:
                 perm = perm[perm != exclude[i]]
             out[i] = perm[: out.shape[1]]
-        return out
+        return Hits(out, np.zeros(out.shape))
 
 
 class BM25Retriever:
@@ -69,7 +76,8 @@ class BM25Retriever:
 
     def retrieve(self, queries, k, exclude=None):
         texts = [q.output if self.is_oracle else q.input for q in queries]
-        return self.index.search(texts, k, exclude=exclude)[0]
+        ids, sc = self.index.search(texts, k, exclude=exclude)
+        return Hits(ids, sc.astype(np.float64))
 
 
 class DenseRetriever:
@@ -87,8 +95,8 @@ class DenseRetriever:
         return self.embed_queries([q.input for q in queries])
 
     def retrieve(self, queries, k, exclude=None):
-        ids, _ = search(self.index, self.query_embeddings(queries), k + (exclude is not None))
-        return _drop_excluded(ids, exclude, k)
+        ids, sc = search(self.index, self.query_embeddings(queries), k + (exclude is not None))
+        return _drop_excluded(ids, sc, exclude, k)
 
 
 class LMOracleRetriever:
@@ -137,9 +145,10 @@ class LMOracleRetriever:
     def retrieve(self, queries, k, exclude=None):
         from tqdm.auto import tqdm
 
-        cand = self.first.retrieve(queries, self.L, exclude)
+        cand = self.first.retrieve(queries, self.L, exclude).ids
         t = self.task
         out = np.empty((len(queries), min(k, cand.shape[1])), dtype=cand.dtype)
+        out_sc = np.empty(out.shape, dtype=np.float64)
         bar = tqdm(total=len(queries), desc=f"lm-oracle (L={self.L})", unit="query")
         for s0 in range(0, len(queries), self.chunk):
             qs, cs = queries[s0 : s0 + self.chunk], cand[s0 : s0 + self.chunk]
@@ -148,39 +157,25 @@ class LMOracleRetriever:
             ]
             tgt = [t.format_target(q.output) for q, row in zip(qs, cs) for _ in row]
             sc = self._scores(ctx, tgt).reshape(cs.shape)
-            order = np.lexsort((cs, -sc), axis=1)  # best score first, ties by id
-            out[s0 : s0 + len(qs)] = np.take_along_axis(cs, order, axis=1)[:, :k]
+            order = np.lexsort((cs, -sc), axis=1)[:, :k]  # best score first, ties by id
+            out[s0 : s0 + len(qs)] = np.take_along_axis(cs, order, axis=1)
+            out_sc[s0 : s0 + len(qs)] = np.take_along_axis(sc, order, axis=1)
             bar.update(len(qs))
         bar.close()
-        return out
+        return Hits(out, out_sc)
 
 
-def dr_bm25_config(cfg):
-    """DR-BM25's run: this run's config with BM25-ranked labels (no LM scoring), in ``<run_dir>/dr-bm25/``."""
-    import dataclasses
-
-    return dataclasses.replace(
-        cfg, name=f"{cfg.name}/dr-bm25", labels=dataclasses.replace(cfg.labels, source="bm25")
-    )
+KNOWN = RETRIEVERS  # the names a config may use
 
 
-def dr_bm25_encoder(cfg):
-    """The DR-BM25 dual encoder: trained (or reused when fresh) by the sub-run of :func:`dr_bm25_config`:
-    same candidates, positives / negatives ranked by BM25 instead of the LM (SPEC 2.6), same training."""
-    from epr import pipeline
-    from epr.stages.context import Context
-
-    sub = Context(dr_bm25_config(cfg))
-    ran = pipeline.run(sub, until="encoder")
-    log.info("dr-bm25: encoder in %s (%s)", sub.stage_dir("encoder"), "trained" if ran else "fresh, reused")
-    return sub.stage_dir("encoder") / "model"
-
-
-def make_retriever(name: str, pool: Sequence[Example], task, cfg, run_dir, encoders: dict):
-    """Build a retriever by name. ``encoders`` caches loaded models (encoders, the scoring LM) between retrievers."""
-    from epr.encoder import DualEncoder
+def make_retriever(
+    name: str, pool: Sequence[Example], task, cfg, encoder: str | None = None, loaded: dict | None = None
+) -> Retriever:
+    """Build a retriever by name. ``encoder``: the trained dual encoder's folder (``epr``, ``dr-bm25``); the
+    pipeline says which. ``loaded`` caches loaded models (encoders, the scoring LM) between retrievers."""
     from epr.models import load_encoder
 
+    loaded = {} if loaded is None else loaded
     if name == "random":
         return RandomRetriever(pool, cfg.seed)
     if name == "bm25":
@@ -188,33 +183,35 @@ def make_retriever(name: str, pool: Sequence[Example], task, cfg, run_dir, encod
     if name == "bm25-oracle":
         return BM25Retriever(pool, "output", cfg.candidates.backend, oracle=True)
     if name == "lm-oracle":
-        from epr.models import load_lm_for
-        from epr.scoring import LMScorer
-
-        key = f"lm:{cfg.models.lm}"
-        if key not in encoders:
-            encoders[key] = load_lm_for(cfg.models)
         from epr.stages.scores import score_cache
 
-        scorer = LMScorer(*encoders[key], batch_tokens=cfg.scoring.batch_tokens, forward=cfg.scoring.forward)
+        if "lm" not in loaded:
+            loaded["lm"] = build_scorer_from_cfg(cfg)
         L = cfg.retrieve.oracle_candidates or cfg.candidates.L
-        return LMOracleRetriever(pool, task, scorer, L, cfg.candidates.backend, cache=score_cache(cfg))
+        return LMOracleRetriever(pool, task, loaded["lm"], L, cfg.candidates.backend, cache=score_cache(cfg))
     if name == "sbert":
-        st = encoders.setdefault("sbert", load_encoder(cfg.models.encoder, cfg.models.cache_dir))
+        st = loaded.setdefault("sbert", load_encoder(cfg.models.encoder, cfg.models.cache_dir))
 
         def enc(texts):
             return st.encode(list(texts), batch_size=128, normalize_embeddings=True, convert_to_numpy=True)
 
         return DenseRetriever("sbert", enc([e.input for e in pool]), enc, cfg.retrieve.index_factory)
     if name in ("epr", "dr-bm25"):
-        path = run_dir / "encoder" / "model" if name == "epr" else dr_bm25_encoder(cfg)
-        if not path.exists():
-            raise FileNotFoundError(f"retriever {name}: no trained encoder at {path}; run training first")
-        de = encoders.setdefault(str(path), DualEncoder.from_pretrained(str(path)))
-        pool_emb = de.encode([task.format_demo(e).strip() for e in pool], "prompt", progress=True)
+        from epr.encoder import DualEncoder
+
+        if encoder is None or not Path(encoder).exists():
+            raise FileNotFoundError(f"retriever {name}: no trained encoder at {encoder}; run training first")
+        de = loaded.setdefault(str(encoder), DualEncoder.from_pretrained(str(encoder)))
+        pool_emb = de.encode([demo_text(task, e) for e in pool], "prompt", progress=True)
         return DenseRetriever(
             name, pool_emb, lambda texts: de.encode(list(texts), "query"), cfg.retrieve.index_factory
         )
-    raise ValueError(
-        f"unknown retriever {name!r}; known: random, bm25, sbert, epr, dr-bm25, bm25-oracle, lm-oracle"
-    )
+    raise ValueError(f"unknown retriever {name!r}; known: {', '.join(KNOWN)}")
+
+
+def build_scorer_from_cfg(cfg):
+    """The scoring LM behind an ``LMScorer`` (LM-Oracle re-ranks with it)."""
+    from epr.models import load_lm_for
+    from epr.stages.scores import scorer_for
+
+    return scorer_for(cfg, *load_lm_for(cfg.models))

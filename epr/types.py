@@ -8,7 +8,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-__all__ = ["Example", "Ranking", "Retriever", "InputError"]
+__all__ = ["Example", "Ranking", "Hits", "Retriever", "InputError"]
 
 
 class InputError(ValueError):
@@ -48,17 +48,35 @@ class Ranking:
         return cls(int(row["qid"]), [int(i) for i in row["ids"]], [float(s) for s in row["scores"]])
 
 
+@dataclass(frozen=True)
+class Hits:
+    """What a retriever returns for a batch of queries: ``ids`` ``(n_queries, k) int64`` pool ids, best first, and
+    ``scores`` ``(n_queries, k) float64``, the retriever's own score of each (higher is better; random: 0)."""
+
+    ids: np.ndarray
+    scores: np.ndarray
+
+    def __post_init__(self) -> None:
+        if self.ids.shape != self.scores.shape:
+            raise ValueError(f"Hits: ids {self.ids.shape} and scores {self.scores.shape} differ in shape")
+
+    def rows(self, queries: Sequence[Example]) -> list[dict[str, Any]]:
+        """One JSON row per query: ``{idx, ids, scores}``."""
+        return [
+            {"idx": q.idx, "ids": [int(i) for i in ids], "scores": [round(float(s), 6) for s in sc]}
+            for q, ids, sc in zip(queries, self.ids, self.scores)
+        ]
+
+
 @runtime_checkable
 class Retriever(Protocol):
     """Every retriever (random, BM25, dense, trained, oracle) answers the same call.
 
-    ``retrieve`` returns ``(n_queries, k) int64`` pool ids, best first. ``exclude[i]`` (optional) is a pool id
-    that query ``i`` must never get back (the query itself when queries come from the pool), or -1.
+    ``retrieve`` returns :class:`Hits` for ``k`` pool ids per query, best first. ``exclude[i]`` (optional) is a
+    pool id that query ``i`` must never get back (the query itself when queries come from the pool), or -1.
     """
 
     name: str
     is_oracle: bool
 
-    def retrieve(
-        self, queries: Sequence[Example], k: int, exclude: np.ndarray | None = None
-    ) -> np.ndarray: ...
+    def retrieve(self, queries: Sequence[Example], k: int, exclude: np.ndarray | None = None) -> Hits: ...

@@ -36,8 +36,8 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.common import describe, machine  # noqa: E402
 from epr import pipeline  # noqa: E402
 from epr.config import load_config  # noqa: E402
+from epr.context import Context  # noqa: E402
 from epr.evaluation import mcnemar_exact  # noqa: E402
-from epr.stages.context import Context  # noqa: E402
 
 log = logging.getLogger("mtop_curve")
 
@@ -59,10 +59,12 @@ class DenseMetric:
 
     def __init__(self, ctx: Context):
         from epr.models import load_lm_for
-        from epr.stages.compare import eval_examples, gold_logprob, logprob_scorer
+        from epr.stages.predict import gold_logprob
+        from epr.stages.retrieve import eval_examples
+        from epr.stages.scores import score_cache, scorer_for
 
         self.model, self.tok = load_lm_for(ctx.cfg.models, inference=True)
-        self.scorer, self.cache = logprob_scorer(ctx, self.model, self.tok)
+        self.scorer, self.cache = scorer_for(ctx.cfg, self.model, self.tok), score_cache(ctx.cfg, inference=True)
         self.ev = eval_examples(ctx)
         task = ctx.task
         self.empty = gold_logprob(
@@ -70,10 +72,14 @@ class DenseMetric:
         )
 
     def __call__(self, ctx: Context, retriever: str) -> dict:
-        from epr.stages.compare import PromptMaker, gold_logprob, logprob_metrics
+        from epr.retrievers import make_retriever
+        from epr.stages.evaluate import logprob_metrics
+        from epr.stages.predict import gold_logprob
+        from epr.stages.prompts import prompt_maker
 
-        maker = PromptMaker(ctx, self.model, self.tok, ctx.cfg.run_dir / "curve")
-        prompts = maker(retriever, self.ev)
+        r = make_retriever(retriever, ctx.examples("pool"), ctx.task, ctx.cfg, ctx.encoder_dir(retriever))
+        make = prompt_maker(ctx, self.tok)
+        prompts = [make(e, ids) for e, ids in zip(self.ev, r.retrieve(self.ev, ctx.cfg.retrieve.k).ids)]
         lp = gold_logprob(self.scorer, self.cache, ctx.task, [p.text for p in prompts], self.ev)
         m = logprob_metrics(lp, self.empty)
         return {
@@ -99,10 +105,10 @@ def cached_row(path: Path, key: dict, compute) -> dict:
 
 
 def em_rows(ctx: Context, retrievers: list[str]) -> dict[str, dict]:
-    """Run the compare stage (generation, resumable) for ``retrievers``; per-query correctness by retriever."""
-    pipeline.run(ctx, until="compare")
+    """Run the compare stages (generation, resumable) for ``retrievers``; per-query correctness by retriever."""
+    pipeline.run(ctx, until="evaluate")
     per_query = [
-        json.loads(x) for x in (ctx.stage_dir("compare") / "per_query.jsonl").read_text().splitlines()
+        json.loads(x) for x in (ctx.stage_dir("evaluate") / "per_query.jsonl").read_text().splitlines()
     ]
     return {
         r: {"idx": [q["idx"] for q in per_query], "correct": [bool(q[r]["correct"]) for q in per_query]}

@@ -2,13 +2,14 @@
 
 import csv
 
+import numpy as np
 import pytest
 
 from epr import pipeline
 from epr.api import PromptRetriever
 from epr.cli import main
 from epr.config import load_config
-from epr.stages.context import Context
+from epr.context import Context
 
 
 def write_csv(path, rows, header=("question", "answer")):
@@ -81,16 +82,16 @@ def test_own_csv_compare_with_ragsys_rows(tmp_path, minilm_dir, tiny_lm_dir):
         f"retrieve.retrievers={','.join(names)}",
     )
     ctx = Context(cfg)
-    assert pipeline.run(ctx, until="compare")[-1] == "compare"
-    res = json.loads((tmp_path / "mine" / "compare" / "results.json").read_text())
+    assert pipeline.run(ctx, until="compare")[-1] == "evaluate"
+    res = json.loads((tmp_path / "mine" / "evaluate" / "results.json").read_text())
     assert list(res) == names
     assert res["bm25-oracle"]["oracle"] and not res["epr+div+bias"]["oracle"]
     assert all(0 < v["mean_demos"] <= 3 for k, v in res.items())
-    paired = json.loads((tmp_path / "mine" / "compare" / "paired.json").read_text())["correct"]
+    paired = json.loads((tmp_path / "mine" / "evaluate" / "paired.json").read_text())["correct"]
     assert len(paired) == len(names) * (len(names) - 1) // 2
     assert all(0.0 <= r["p_mcnemar"] <= 1.0 and 0.0 <= r["demo_overlap"] <= 1.0 for r in paired)
-    q = list((tmp_path / "mine" / "compare").glob("quality_bias.*.npy"))
-    assert len(q) == 1  # computed once for the pool, for the +bias row
+    q = np.load(tmp_path / "mine" / "rerank" / "quality_bias.npy")
+    assert q.shape == (16,) and np.isfinite(q).all()  # one per pool demonstration, for the +bias row
     # DR-BM25: its own encoder, trained on BM25-ranked labels of the same candidates, no LM scoring
     sub = tmp_path / "mine" / "dr-bm25"
     assert (sub / "encoder" / "model").exists() and not (sub / "scores").exists()

@@ -4,8 +4,8 @@ import pytest
 
 from epr import pipeline
 from epr.config import load_config
+from epr.context import Context
 from epr.stages import scores as scores_stage
-from epr.stages.context import Context
 
 from .conftest import torchrun
 
@@ -36,7 +36,7 @@ def test_end_to_end_then_skip_then_invalidate(tmp_path, tiny_task_files, tiny_lm
     assert pipeline.run(ctx) == ["examples", "candidates", "scores", "labels"]
     st = pipeline.status(ctx)
     assert [st[s] for s in ("examples", "candidates", "scores", "labels")] == ["fresh"] * 4
-    assert st["encoder"] == st["compare"] == "missing"
+    assert st["encoder"] == st["evaluate"] == "missing"
     labels = (ctx.stage_dir("labels") / "labels.jsonl").read_text().splitlines()
     assert len(labels) == 24
     assert pipeline.run(ctx) == []  # everything fresh: nothing reruns
@@ -69,7 +69,7 @@ def test_killed_scoring_resumes_identically(tmp_path, tiny_task_files, tiny_lm_d
     with pytest.raises(KeyboardInterrupt):
         pipeline.run_stage(ctx, "scores")
     assert pipeline.status(ctx)["scores"] == "missing"  # no manifest: not mistaken for finished
-    assert len(list((ctx.stage_dir("scores") / "parts").glob("chunk-*.jsonl"))) == 2
+    assert len(list((ctx.stage_dir("scores") / "parts").glob("chunk-*.json"))) == 2
 
     calls["n"] = -100  # the resumed run must only score the 4 missing chunks
     monkeypatch.setattr(
@@ -119,8 +119,8 @@ def test_prefix_shared_scoring_stage_equals_plain(tmp_path, tiny_task_files, tin
         pipeline.run(ctx, until="scores")
         rows = [json.loads(x) for x in (ctx.stage_dir("scores") / "scores.jsonl").read_text().splitlines()]
         got[share] = rows
-        stamp = (ctx.stage_dir("scores") / "parts" / "FINGERPRINT").read_text()
-        assert stamp.endswith("order=by-output" if share == "true" else "order=qid")
+        stamp = json.loads((ctx.stage_dir("scores") / "parts" / "KEY.json").read_text())
+        assert stamp["key"]["order"] == ("by-output" if share == "true" else "qid")
     assert [(r["qid"], r["ids"]) for r in got["true"]] == [(r["qid"], r["ids"]) for r in got["false"]]
     a = np.array([s for r in got["true"] for s in r["scores"]])
     b = np.array([s for r in got["false"] for s in r["scores"]])

@@ -143,7 +143,7 @@ def test_operators_agree_with_the_break_dataset():
 def test_break_task_reports_lf_em_and_the_table_shows_it(tmp_path):
     from types import SimpleNamespace
 
-    from epr.stages.compare import _write_tables
+    from epr.report import comparison_table, write_comparison
     from epr.tasks.semparse import Break
 
     gold = "return flights ;return #1 from denver ;return #2 to boston"
@@ -159,7 +159,8 @@ def test_break_task_reports_lf_em_and_the_table_shows_it(tmp_path):
         models=SimpleNamespace(inference_lm=None, lm="smollm2"),
         retrieve=SimpleNamespace(prompt_budget=256, answer_reserve=64, max_demos=4),
     )
-    _write_tables(tmp_path, "break", {"bm25": row}, 1, cfg, ("lf_em",), "lf_em")
+    task.name = "break"
+    write_comparison(tmp_path, comparison_table(task, {"bm25": row}, 1, cfg))
     md = (tmp_path / "results.md").read_text()
     assert (
         "| retriever | EM (ours) | 95% CI | LF-EM (ours) | 95% CI | gold log-prob (nats) | DPO vs empty context | paper LF-EM |"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from epr.rerank import parse_retriever_name, quality_bias, rerank
+from epr.rerank import mean_logprob, parse_retriever_name, rerank
 from epr.scoring import LMScorer
 from ragsys import mmr_select_reference
 
@@ -48,15 +48,11 @@ def test_rerank_is_algorithm1_on_each_shortlist():
     ]
 
 
-def test_quality_bias_is_mean_token_logprob_and_cached(tiny_lm, tmp_path):
+def test_quality_bias_is_mean_token_logprob(tiny_lm):
     model, tok = tiny_lm
     sc = LMScorer(model, tok)
     ctx, tgt = ["turn on the light\t", "dim\t"], [" [IN:ON ]", " [IN:DIM [SL:ROOM x ] ]"]
-    cache = tmp_path / "q.npy"
-    b = quality_bias(sc, ctx, tgt, cache)
+    b = mean_logprob(sc, ctx, tgt)
     n = [len(tok(t, add_special_tokens=False)["input_ids"]) for t in tgt]
+    assert n[0] != n[1]  # a sum would differ from the mean
     np.testing.assert_allclose(b, sc.score(ctx, tgt) / np.array(n), rtol=1e-5)
-    assert cache.exists()
-    np.save(cache, np.array([7.0, 8.0], dtype=np.float32))  # a valid cache is read, not recomputed
-    assert quality_bias(sc, ctx, tgt, cache).tolist() == [7.0, 8.0]
-    assert len(quality_bias(sc, ctx[:1], tgt[:1], cache)) == 1  # pool changed: recomputed

@@ -5,8 +5,9 @@ from epr.config import DataConfig, load_config
 from epr.evaluation import mean_ci
 from epr.index import brute_force, build_index, search
 from epr.prompts import build_prompt
-from epr.retrievers import BM25Retriever, DenseRetriever, LMOracleRetriever, RandomRetriever, make_retriever
+from epr.retrievers import KNOWN, make_retriever
 from epr.tasks import get_task
+from epr.types import Hits, Retriever
 
 
 @pytest.mark.parametrize("factory", ["Flat", "HNSW16"])
@@ -38,54 +39,61 @@ def demo():
     return task, pool[:120], ev[:10]
 
 
+NAMES = ("random", "bm25", "sbert", "epr", "dr-bm25", "bm25-oracle", "lm-oracle")
+
+
 @pytest.fixture(scope="module")
 def all_retrievers(demo, tmp_path_factory, minilm_dir, tiny_lm_dir):
     from epr.encoder import DualEncoder
 
     task, pool, _ = demo
-    run = tmp_path_factory.mktemp("run")
-    DualEncoder.from_pretrained(minilm_dir).save_pretrained(
-        run / "encoder" / "model"
-    )  # an untrained EPR encoder
+    enc = tmp_path_factory.mktemp("run") / "model"
+    DualEncoder.from_pretrained(minilm_dir).save_pretrained(enc)  # an untrained dual encoder
     cfg = load_config([], [f"models.encoder={minilm_dir}", f"models.lm={tiny_lm_dir}", "candidates.L=12"])
-    names = ("random", "bm25", "sbert", "epr", "bm25-oracle", "lm-oracle")
-    return [make_retriever(n, pool, task, cfg, run, {}) for n in names]
+    loaded: dict = {}
+    return {
+        n: make_retriever(n, pool, task, cfg, enc if n in ("epr", "dr-bm25") else None, loaded) for n in NAMES
+    }
 
 
-def test_retriever_contract(demo, all_retrievers):
-    """k distinct ids, never the query itself, deterministic: for every retriever."""
+def test_every_known_retriever_is_in_the_contract_test():
+    assert set(NAMES) == set(KNOWN)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_retriever_contract(demo, all_retrievers, name):
+    """Every retriever: the protocol, k distinct ids best first with their scores, never the excluded id,
+    at most what the pool holds, deterministic."""
     task, pool, _ = demo
+    r = all_retrievers[name]
+    assert isinstance(r, Retriever) and r.name == name and r.is_oracle == name.endswith("-oracle")
     queries = pool[:15]
     exclude = np.array([q.idx for q in queries])
-    for r in all_retrievers:
-        a = r.retrieve(queries, 8, exclude=exclude)
-        assert a.shape == (15, 8) and a.dtype == np.int64, r.name
-        for row, q in zip(a, queries):
-            assert (
-                len(set(row.tolist())) == 8 and q.idx not in row and row.min() >= 0 and row.max() < len(pool)
-            ), r.name
-        np.testing.assert_array_equal(a, r.retrieve(queries, 8, exclude=exclude))
-        assert r.is_oracle == r.name.endswith("-oracle")
-    assert {type(r) for r in all_retrievers} == {
-        RandomRetriever,
-        BM25Retriever,
-        DenseRetriever,
-        LMOracleRetriever,
-    }
+    h = r.retrieve(queries, 8, exclude=exclude)
+    assert isinstance(h, Hits) and h.ids.shape == h.scores.shape == (15, 8) and h.ids.dtype == np.int64
+    for row, sc, q in zip(h.ids, h.scores, queries):
+        assert len(set(row.tolist())) == 8 and q.idx not in row and row.min() >= 0 and row.max() < len(pool)
+        assert np.all(np.diff(sc) <= 1e-6), "best first"
+    again = r.retrieve(queries, 8, exclude=exclude)
+    np.testing.assert_array_equal(h.ids, again.ids)
+    np.testing.assert_allclose(h.scores, again.scores, rtol=1e-6)
+    # without exclusion the query may come back; k is honoured
+    assert r.retrieve(queries[:3], 5).ids.shape == (3, 5)
 
 
 def test_lm_oracle_reorders_bm25_oracle_candidates_by_lm_score(demo, all_retrievers):
     task, pool, _ = demo
-    bm25o, lmo = all_retrievers[-2], all_retrievers[-1]
+    bm25o, lmo = all_retrievers["bm25-oracle"], all_retrievers["lm-oracle"]
     q = pool[:3]
     got = lmo.retrieve(q, 12)
-    cand = bm25o.retrieve(q, 12)
+    cand = bm25o.retrieve(q, 12).ids
     for i in range(3):
-        assert set(got[i].tolist()) == set(cand[i].tolist())  # the same candidates, re-ranked
+        assert set(got.ids[i].tolist()) == set(cand[i].tolist())  # the same candidates, re-ranked
         s = lmo.scorer.score(
-            [task.format_demo(pool[c]) + task.format_query(q[i].input) for c in got[i]],
+            [task.format_demo(pool[c]) + task.format_query(q[i].input) for c in got.ids[i]],
             [task.format_target(q[i].output)] * 12,
         )
+        np.testing.assert_allclose(got.scores[i], s, atol=1e-3)  # the scores returned are the LM's
         assert np.all(np.diff(s) <= 1e-9)  # best LM score first
 
 

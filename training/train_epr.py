@@ -38,7 +38,7 @@ from epr.config import load_config, train_loss_weight, train_temperature
 from epr.encoder import DualEncoder
 from epr.loss import gather_keep_local_grad, gather_plain, grad_cache_backward, group_loss
 from epr.pipeline import stage_fingerprint
-from epr.stages.context import Context
+from epr.context import Context
 from epr.train_data import demo_text, read_labels, recall_mrr, sample_group, sample_pair, split_dev
 
 log = logging.getLogger("train_epr")

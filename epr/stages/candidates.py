@@ -13,7 +13,7 @@ import numpy as np
 
 from epr.artifacts import write_jsonl
 from epr.bm25 import BM25Index
-from epr.stages.context import Context
+from epr.context import Context
 from epr.types import Example, Ranking
 
 log = logging.getLogger(__name__)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 from epr.artifacts import write_jsonl
-from epr.stages.context import Context
+from epr.context import Context
 
 log = logging.getLogger(__name__)
 

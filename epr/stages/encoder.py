@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from epr.stages.context import Context
+from epr.context import Context
 
 SCRIPT = Path(__file__).resolve().parents[2] / "training" / "train_epr.py"
 

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from epr.artifacts import read_jsonl, write_jsonl
-from epr.stages.context import Context
+from epr.context import Context
 
 log = logging.getLogger(__name__)
 

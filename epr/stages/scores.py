@@ -1,8 +1,9 @@
 """Stage ``scores``: s(e_l) = log p(y | e_l, x) for every candidate of every labelled training example.
 
 Work is cut into chunks of ``scoring.chunk_size`` training examples. Chunk c is scored by process
-``c % world`` and written atomically as ``parts/chunk-<c>.jsonl``; finished chunks are skipped on restart,
-so a killed run resumes and the merged ``scores.jsonl`` (sorted by query id) is byte-identical. A
+``c % world`` and written atomically to ``parts/`` (an ``epr.artifacts.ChunkStore``: a chunk is served again only
+under the same fingerprint and for the same rankings); finished chunks are skipped on restart, so a killed run
+resumes and the merged ``scores.jsonl`` (sorted by query id) is byte-identical. A
 candidate sequence longer than the LM context gets score ``null``; it is logged and counted, and the
 labels stage leaves it out.
 """
@@ -14,24 +15,29 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from epr.artifacts import read_jsonl, write_jsonl
+from epr.artifacts import ChunkStore, write_jsonl
+from epr.context import Context
 from epr.score_cache import ScoreCache
 from epr.scoring import LMScorer
-from epr.stages.context import Context
 from epr.types import Example, Ranking
 
 log = logging.getLogger(__name__)
 
 
-def build_scorer(ctx: Context) -> LMScorer:
-    from epr.models import load_lm_for
+def build_scorer(ctx: Context, inference: bool = False) -> LMScorer:
+    """The scoring LM (or the inference LM) behind an :class:`LMScorer` with the run's scoring settings; each process
+    of a multi-GPU run on its own GPU."""
+    from epr.models import default_device, load_lm_for
 
-    m = ctx.cfg.models
-    device = "cuda" if _cuda() else "cpu"
+    device = default_device()
     if ctx.dist.world > 1 and device == "cuda":
         device = f"cuda:{ctx.dist.rank}"
-    model, tok = load_lm_for(m, device=device)
-    sc = ctx.cfg.scoring
+    model, tok = load_lm_for(ctx.cfg.models, inference=inference, device=device)
+    return scorer_for(ctx.cfg, model, tok)
+
+
+def scorer_for(cfg, model, tok) -> LMScorer:
+    sc = cfg.scoring
     return LMScorer(
         model,
         tok,
@@ -42,29 +48,24 @@ def build_scorer(ctx: Context) -> LMScorer:
     )
 
 
-def score_cache(cfg, lm: str | None = None) -> ScoreCache:
-    """The run root's shared score store for this computation (``scoring_key``): the scoring LM's, or ``lm``'s."""
-    return ScoreCache(Path(cfg.run_root) / ".cache" / "scores", scoring_key(cfg, lm))
+def score_cache(cfg, inference: bool = False) -> ScoreCache:
+    """The run root's shared score store for this computation (``scoring_key``): the scoring LM's, or the inference
+    LM's."""
+    return ScoreCache(Path(cfg.run_root) / ".cache" / "scores", scoring_key(cfg, inference))
 
 
-def _cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
-
-
-def scoring_key(cfg, lm: str | None = None) -> dict:
+def scoring_key(cfg, inference: bool = False) -> dict:
     """Everything that changes a score besides the texts: the stage fingerprint and the score cache use it.
 
-    The dtype is the one ``models.dtype`` resolves to on this machine (``auto`` is bf16 on one CPU and fp32 on
-    another). In fp32 a score does not depend on the batch it was computed in (beyond 1e-4 nats; tested); in bf16
-    it does (up to ~1 nat), so there the batch layout is part of the key and a changed layout rescores."""
-    from epr.models import pick_dtype
+    The LM's identity, the dtype ``models.dtype`` resolves to on this machine (``auto`` is bf16 on one CPU and fp32
+    on another) and the device class (``epr.models.lm_identity``). In fp32 a score does not depend on the batch it
+    was computed in (beyond 1e-4 nats; tested); in bf16 it does (up to ~1 nat), so there the batch layout is part of
+    the key and a changed layout rescores."""
+    from epr.models import lm_identity
 
-    m, sc = cfg.models, cfg.scoring
-    dtype = "bf16" if str(pick_dtype(m.dtype, "cuda" if _cuda() else "cpu")).endswith("bfloat16") else "fp32"
-    key = {"lm": lm or m.lm, "dtype": dtype, "forward": sc.forward, "device": "cuda" if _cuda() else "cpu"}
-    if dtype != "fp32":
+    sc = cfg.scoring
+    key = {**lm_identity(cfg.models, inference), "forward": sc.forward}
+    if key["dtype"] != "fp32":
         key |= {"batch_tokens": sc.batch_tokens, "prefix_share": sc.prefix_share}
     return key
 
@@ -140,25 +141,16 @@ def run_scores(ctx: Context, out: Path, fp: str) -> dict:
     cs = ctx.cfg.scoring.chunk_size
     pool = ctx.examples("pool")
     rankings = ctx.rankings("candidates", "candidates.jsonl")
-    parts = out / "parts"
-    parts.mkdir(parents=True, exist_ok=True)
-    # a fingerprint file guards the chunks: chunks from another config are never reused
-    stamp = parts / "FINGERPRINT"
-    layout = f"{fp} chunk_size={cs} order={'by-output' if ctx.cfg.scoring.prefix_share else 'qid'}"
-    if ctx.dist.is_main:
-        # (a bare fingerprint: chunks written before the layout was recorded, in query order)
-        ok = (layout,) if ctx.cfg.scoring.prefix_share else (layout, fp)
-        if stamp.exists() and stamp.read_text() not in ok:
-            for f in parts.glob("chunk-*.jsonl"):
-                f.unlink()
-        stamp.write_text(layout)
-    ctx.dist.barrier()
     order = chunk_order(ctx, rankings)
     chunks = [order[i : i + cs] for i in range(0, len(order), cs)]
+    # a chunk is reused only under this stage fingerprint (scoring key + upstream) and for the same rankings
+    key = {"stage": fp, "chunk_size": cs, "order": "by-output" if ctx.cfg.scoring.prefix_share else "qid"}
+    parts = ChunkStore(out / "parts", key, claim=ctx.dist.is_main)
+    ctx.dist.barrier()
     mine = [c for c in range(len(chunks)) if c % ctx.dist.world == ctx.dist.rank]
-    todo = [c for c in mine if not (parts / f"chunk-{c:06d}.jsonl").exists()]
+    inputs = {c: [r.to_json() for r in chunks[c]] for c in mine}
+    todo = [c for c in mine if parts.get(c, inputs[c]) is None]
     log.info("scores: %d chunks for this process, %d already done", len(mine), len(mine) - len(todo))
-    too_long = 0
     if todo:
         cache = score_cache(ctx.cfg)
         log.info("scores: %d scores in the shared cache %s", len(cache), cache.dir)
@@ -168,9 +160,8 @@ def run_scores(ctx: Context, out: Path, fp: str) -> dict:
             total=n_seq, desc=f"scoring [rank {ctx.dist.rank}]", unit="seq", disable=not ctx.dist.is_main
         )
         for c in todo:
-            rows, tl = score_chunk(scorer, ctx.task, pool, chunks[c], cache, name=f"{fp}-{c:06d}")
-            too_long += tl
-            write_jsonl(parts / f"chunk-{c:06d}.jsonl", rows)
+            rows, _ = score_chunk(scorer, ctx.task, pool, chunks[c], cache, name=f"{fp}-{c:06d}")
+            parts.put(c, rows, inputs[c])
             bar.update(sum(len(r.ids) for r in chunks[c]))
         bar.close()
     ctx.dist.barrier()
@@ -178,7 +169,10 @@ def run_scores(ctx: Context, out: Path, fp: str) -> dict:
         return {}
     merged: dict[int, dict] = {}
     for c in range(len(chunks)):
-        for row in read_jsonl(parts / f"chunk-{c:06d}.jsonl"):
+        rows = parts.get(c, [r.to_json() for r in chunks[c]])
+        if rows is None:
+            raise RuntimeError(f"scores: chunk {c} is missing after every process finished ({parts.root})")
+        for row in rows:
             merged[row["qid"]] = row
     missing = [r.qid for r in rankings if r.qid not in merged]
     if missing:

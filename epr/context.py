@@ -52,6 +52,27 @@ class Context:
     def stage_dir(self, stage: str) -> Path:
         return self.cfg.run_dir / stage
 
+    def sub_run(self, name: str) -> Context:
+        """A sub-run declared in the stage graph: ``dr-bm25`` is this run with BM25-ranked labels (no LM scoring,
+        SPEC 2.6), in ``<run_dir>/dr-bm25/``."""
+        import dataclasses
+
+        if name != "dr-bm25":
+            raise ValueError(f"unknown sub-run {name!r}")
+        cfg = self.cfg
+        sub = dataclasses.replace(
+            cfg, name=f"{cfg.name}/dr-bm25", labels=dataclasses.replace(cfg.labels, source="bm25")
+        )
+        return Context(sub)  # one process: the sub-run is a step of the main process's stage
+
+    def encoder_dir(self, retriever: str) -> Path | None:
+        """The trained dual encoder a retriever uses: this run's (``epr``), the DR-BM25 sub-run's, or none."""
+        if retriever == "epr":
+            return self.stage_dir("encoder") / "model"
+        if retriever == "dr-bm25":
+            return self.sub_run("dr-bm25").stage_dir("encoder") / "model"
+        return None
+
     @functools.cached_property
     def task(self):
         from epr.tasks import get_task

@@ -1,0 +1,107 @@
+"""Stage ``evaluate``: the task's metrics for every retriever on the same examples, paired comparisons, and the
+report (``epr.report``): ``results.{md,csv,json}``, ``paired.{md,json}``, ``em.png``, ``report.html`` and
+``per_query.jsonl`` (what each retriever chose and predicted for each example)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+
+from epr.artifacts import read_jsonl, write_jsonl
+from epr.context import Context
+from epr.evaluation import PAPER, mean_ci
+from epr.rerank import parse_retriever_name
+from epr.retrievers import ORACLES
+from epr.stages.retrieve import eval_examples
+
+log = logging.getLogger(__name__)
+
+
+def logprob_metrics(lp: np.ndarray, lp_empty: np.ndarray) -> dict:
+    """Mean gold log-prob (nats, with a bootstrap interval) and its DPO form against the empty context: the mean of
+    ``log sigmoid(lp - lp_empty)`` (0 is best: the demonstrations always make the gold answer more likely)."""
+    ok = ~np.isnan(lp) & ~np.isnan(lp_empty)
+    m, lo, hi = mean_ci(lp[ok].tolist())
+    dpo = -np.logaddexp(0.0, -(lp[ok] - lp_empty[ok]))
+    dm, dlo, dhi = mean_ci(dpo.tolist())
+    return {
+        "gold_logprob": {"value": m, "ci_low": lo, "ci_high": hi},
+        "dpo": {"value": dm, "ci_low": dlo, "ci_high": dhi},
+        "gold_logprob_n": int(ok.sum()),
+    }
+
+
+def _arr(rows: list[dict], key: str) -> np.ndarray:
+    return np.array([np.nan if r[key] is None else r[key] for r in rows], dtype=np.float64)
+
+
+def retriever_result(task, name: str, ev: list, prompts: list[dict], preds: list[dict], lp_empty) -> tuple:
+    """One retriever's row of the table and its per-example records."""
+    base, div, bias = parse_retriever_name(name)
+    correct = [task.is_correct(p["prediction"], e.output) for p, e in zip(preds, ev)]
+    extra = [task.metrics(p["prediction"], e.output) for p, e in zip(preds, ev)]
+    m, lo, hi = mean_ci([100.0 * c for c in correct])
+    res = {
+        "em": m,
+        "ci_low": lo,
+        "ci_high": hi,
+        "oracle": base in ORACLES,
+        "mean_demos": float(np.mean([len(p["demo_ids"]) for p in prompts])),
+        "mean_prompt_tokens": float(np.mean([p["n_tokens"] for p in prompts])),
+        "prompt_status": {
+            s: sum(p["status"] == s for p in prompts) for s in ("ok", "no_demo_fits", "query_too_long")
+        },
+        "paper": PAPER.get(task.name, {}).get(base) if not (div or bias) else None,
+        **logprob_metrics(_arr(preds, "gold_logprob"), lp_empty),
+    }
+    for k in task.extra_metrics:
+        km, klo, khi = mean_ci([100.0 * x[k] for x in extra])
+        res[k] = {"value": km, "ci_low": klo, "ci_high": khi}
+    records = [
+        {
+            "demos": p["demo_ids"],
+            "prediction": y["prediction"],
+            "correct": c,
+            "gold_logprob": y["gold_logprob"],
+            **x,
+        }
+        for p, y, c, x in zip(prompts, preds, correct, extra)
+    ]
+    return res, records
+
+
+def run_evaluate(ctx: Context, out: Path, fp: str) -> dict:
+    from epr import report
+
+    cfg, task, pool = ctx.cfg, ctx.task, ctx.examples("pool")
+    ev = eval_examples(ctx)
+    empty = list(read_jsonl(ctx.stage_dir("predict") / "empty.jsonl"))
+    lp_empty = _arr(empty, "gold_logprob")
+    per_query = [
+        {"idx": e.idx, "input": e.input, "gold": e.output, "gold_logprob_empty": r["gold_logprob"]}
+        for e, r in zip(ev, empty)
+    ]
+    results = {}
+    for name in cfg.retrieve.retrievers:
+        prompts = list(read_jsonl(ctx.stage_dir("prompts") / f"{name}.jsonl"))
+        preds = list(read_jsonl(ctx.stage_dir("predict") / f"{name}.jsonl"))
+        if [p["idx"] for p in preds] != [e.idx for e in ev]:
+            raise RuntimeError(f"evaluate: {name}'s predictions do not cover the compared examples in order")
+        results[name], records = retriever_result(task, name, ev, prompts, preds, lp_empty)
+        for row, rec in zip(per_query, records):
+            row[name] = {**rec, "demo_inputs": [pool[i].input for i in rec["demos"][:3]]}
+        r = results[name]
+        log.info(
+            "%s: EM %.1f [%.1f, %.1f], gold log-prob %.2f",
+            name,
+            r["em"],
+            r["ci_low"],
+            r["ci_high"],
+            r["gold_logprob"]["value"],
+        )
+    write_jsonl(out / "per_query.jsonl", per_query)
+    report.write_comparison(out, report.comparison_table(task, results, len(ev), cfg))
+    report.write_paired(out, per_query, list(results), ("correct", *task.extra_metrics))
+    return {"rows": {"eval": len(ev), "retrievers": len(results)}, "extra": {"results": results}}

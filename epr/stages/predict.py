@@ -1,0 +1,68 @@
+"""Stage ``predict``: the inference LM on every prompt. For each retriever name, greedy generation (in resumable
+chunks keyed by the generation settings and the LM's identity, dtype and device: never served for another LM or
+setting) and log p(gold answer | prompt); and once, log p(gold answer | no demonstrations). Writes ``<name>.jsonl``
+rows ``{idx, prediction, gold_logprob}`` and ``empty.jsonl``."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+
+from epr.artifacts import ChunkStore, read_jsonl, write_jsonl
+from epr.context import Context
+from epr.stages.retrieve import eval_examples
+
+log = logging.getLogger(__name__)
+
+
+def gold_logprob(scorer, cache, task, contexts: list[str], ev: list) -> np.ndarray:
+    """``log p(gold answer | context)`` under the inference LM for each example (RAGSys's way of judging a
+    retriever: one forward pass each, no generation), reusing and filling the score cache; NaN where too long."""
+    tgts = [task.format_target(e.output) for e in ev]
+    known = cache.get(contexts, tgts)
+    todo = [i for i, v in enumerate(known) if v is None]
+    out = np.array([np.nan if v is None else v for v in known], dtype=np.float64)
+    if todo:
+        pairs = scorer.encode([contexts[i] for i in todo], [tgts[i] for i in todo])
+        long = set(scorer.too_long(pairs))
+        ok = [j for j in range(len(todo)) if j not in long]
+        vals = np.round(scorer.score_ids([pairs[j] for j in ok]), 4) if ok else []
+        for j, v in zip(ok, vals):
+            out[todo[j]] = v
+        cache.put([contexts[todo[j]] for j in ok], [tgts[todo[j]] for j in ok], list(vals), "gold")
+    return out
+
+
+def _num(v: float) -> float | None:
+    return None if np.isnan(v) else float(v)
+
+
+def run_predict(ctx: Context, out: Path, fp: str) -> dict:
+    from epr.generate import Generator
+    from epr.models import lm_identity, load_lm_for
+    from epr.stages.scores import score_cache, scorer_for
+
+    cfg, task = ctx.cfg, ctx.task
+    ev = eval_examples(ctx)
+    model, tok = load_lm_for(cfg.models, inference=True)
+    gen = Generator(model, tok, cfg.generate.max_new_tokens, cfg.generate.batch_size, task.stop)
+    scorer, cache = scorer_for(cfg, model, tok), score_cache(cfg, inference=True)
+    lp_empty = gold_logprob(scorer, cache, task, [task.format_query(e.input) for e in ev], ev)
+    write_jsonl(out / "empty.jsonl", [{"idx": e.idx, "gold_logprob": _num(v)} for e, v in zip(ev, lp_empty)])
+    key = {"generate": cfg.section("generate"), "stop": task.stop, **lm_identity(cfg.models, inference=True)}
+    by_idx = {e.idx: e for e in ev}
+    for name in cfg.retrieve.retrievers:
+        prompts = list(read_jsonl(ctx.stage_dir("prompts") / f"{name}.jsonl"))
+        texts = [p["text"] for p in prompts]
+        lp = gold_logprob(scorer, cache, task, texts, [by_idx[p["idx"]] for p in prompts])
+        store = ChunkStore(out / "parts" / name, key)
+        preds = store.map(
+            texts, cfg.generate.chunk_size, gen.generate, desc=f"generate [{name}]", unit="prompt"
+        )
+        rows = [
+            {"idx": p["idx"], "prediction": y, "gold_logprob": _num(v)} for p, y, v in zip(prompts, preds, lp)
+        ]
+        write_jsonl(out / f"{name}.jsonl", rows)
+    return {"rows": {"eval": len(ev), "retrievers": len(cfg.retrieve.retrievers)}}

@@ -1,0 +1,74 @@
+"""Stage ``rerank``: RAGSys re-ranking (Algorithm 1) of the first-stage rankings, for ``+div`` / ``+div+bias`` names.
+
+Writes ``<name>.jsonl`` for every name of ``retrieve.retrievers``: the first stage's ranking unchanged for a plain
+name, the MMR selection (``retrieve.max_demos`` ids) for a re-ranked one. The quality bias (``+bias``) is the mean
+token log-prob of each pool demonstration's output given its input under the inference LM, computed in resumable
+chunks keyed by that LM's identity, dtype and device.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+
+from epr.artifacts import ChunkStore, load_npy, read_jsonl, write_jsonl
+from epr.context import Context
+from epr.rerank import parse_retriever_name, rerank
+
+log = logging.getLogger(__name__)
+
+
+def pool_quality(ctx: Context) -> np.ndarray:
+    """``(len(pool),) float32`` quality bias of every pool demonstration under the inference LM (SPEC 3.2), in
+    resumable chunks in the run root's cache (``.cache/quality/<key>``), shared with ``epr inspect``."""
+    from epr.artifacts import fingerprint
+    from epr.models import lm_identity
+    from epr.stages.scores import build_scorer
+
+    task, pool = ctx.task, ctx.examples("pool")
+    key = {"what": "quality-bias", **lm_identity(ctx.cfg.models, inference=True)}
+    chunks = ChunkStore(Path(ctx.cfg.run_root) / ".cache" / "quality" / fingerprint(key), key)
+    scorer: list = []
+
+    def compute(items: list[list[str]]) -> list[float]:
+        if not scorer:
+            scorer.append(build_scorer(ctx, inference=True))
+        from epr.rerank import mean_logprob
+
+        return mean_logprob(scorer[0], [c for c, _ in items], [t for _, t in items]).tolist()
+
+    items = [[task.format_query(e.input), task.format_target(e.output)] for e in pool]
+    return np.asarray(chunks.map(items, 256, compute, desc="quality bias", unit="demo"), dtype=np.float32)
+
+
+def run_rerank(ctx: Context, out: Path, fp: str) -> dict:
+    cfg = ctx.cfg
+    first = ctx.stage_dir("retrieve")
+    quality = None
+    for name in cfg.retrieve.retrievers:
+        base, div, bias = parse_retriever_name(name)
+        rows = list(read_jsonl(first / f"{base}.jsonl"))
+        if div or bias:
+            if bias and quality is None:
+                quality = pool_quality(ctx)
+            ids = np.array([r["ids"] for r in rows], dtype=np.int64)
+            q, p = load_npy(first / f"{base}.query.npy"), load_npy(first / f"{base}.pool.npy")
+            sel = rerank(
+                q,
+                p,
+                ids,
+                cfg.retrieve.max_demos,
+                cfg.ragsys.lambda_d if div else 1.0,
+                cfg.ragsys.lambda_b,
+                quality if bias else None,
+            )
+            rows = [
+                {"idx": r["idx"], "ids": s.tolist(), "scores": [round(float(x), 6) for x in p[s] @ q[i]]}
+                for i, (r, s) in enumerate(zip(rows, sel))
+            ]
+        write_jsonl(out / f"{name}.jsonl", rows)
+    if quality is not None:
+        np.save(out / "quality_bias.npy", quality)
+    return {"rows": {"retrievers": len(cfg.retrieve.retrievers)}}

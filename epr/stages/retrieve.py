@@ -1,0 +1,50 @@
+"""Stage ``retrieve``: every first-stage retriever of ``retrieve.retrievers`` on the compared examples.
+
+Writes ``<name>.jsonl`` (one row per example: ``{idx, ids, scores}``, ``retrieve.k`` ids best first with the
+retriever's own scores) and, for dense retrievers, the query and pool embeddings (``<name>.query.npy``,
+``<name>.pool.npy``) that the ``rerank`` stage's diversity term needs. ``+div``/``+bias`` names are re-ranked
+downstream; here only their first stage runs.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from epr.artifacts import save_npy, write_jsonl
+from epr.context import Context
+from epr.evaluation import seeded_subset
+from epr.rerank import parse_retriever_name
+from epr.types import Example
+
+log = logging.getLogger(__name__)
+
+
+def eval_examples(ctx: Context) -> list[Example]:
+    """The compared examples: the eval split, or its seeded subset of ``retrieve.eval_limit`` (ids kept)."""
+    ev = ctx.examples("eval")
+    return [ev[i] for i in seeded_subset(len(ev), ctx.cfg.retrieve.eval_limit, ctx.cfg.seed)]
+
+
+def first_stages(names) -> list[str]:
+    """The distinct first-stage retrievers of a list of (possibly re-ranked) names, in order."""
+    return list(dict.fromkeys(parse_retriever_name(n)[0] for n in names))
+
+
+def run_retrieve(ctx: Context, out: Path, fp: str) -> dict:
+    from epr.retrievers import DenseRetriever, make_retriever
+
+    cfg = ctx.cfg
+    pool, ev = ctx.examples("pool"), eval_examples(ctx)
+    if not ev:
+        raise ValueError(f"retrieve: no evaluation examples in {ctx.stage_dir('examples') / 'eval.jsonl'}")
+    loaded: dict = {}
+    for name in first_stages(cfg.retrieve.retrievers):
+        r = make_retriever(name, pool, ctx.task, cfg, ctx.encoder_dir(name), loaded)
+        hits = r.retrieve(ev, cfg.retrieve.k)
+        write_jsonl(out / f"{name}.jsonl", hits.rows(ev))
+        if isinstance(r, DenseRetriever):
+            save_npy(out / f"{name}.query.npy", r.query_embeddings(ev))
+            save_npy(out / f"{name}.pool.npy", r.pool_emb)
+        log.info("retrieve: %s, %d x %d", name, *hits.ids.shape)
+    return {"rows": {"eval": len(ev), "retrievers": len(first_stages(cfg.retrieve.retrievers))}}
