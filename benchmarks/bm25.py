@@ -15,6 +15,7 @@ import numpy as np
 from benchmarks.common import machine, save
 from epr.bm25 import BM25Index
 from epr.config import DataConfig
+from epr.evaluation import seeded_subset
 from epr.tasks import get_task
 
 
@@ -28,7 +29,7 @@ def main() -> None:
     outs = [e.output for e in pool]
     n = len(outs)
     all_q = np.arange(n)
-    sub = np.sort(np.random.default_rng(0).choice(n, a.ref_queries, replace=False))
+    sub = seeded_subset(n, a.ref_queries, 0)
 
     res = {}
     for backend in ("rank_bm25", "bm25s"):

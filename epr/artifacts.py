@@ -23,6 +23,7 @@ from epr.types import InputError
 __all__ = [
     "atomic_write_text",
     "read_jsonl",
+    "open_text",
     "write_jsonl",
     "save_npy",
     "load_npy",
@@ -63,12 +64,12 @@ def write_jsonl(path: str | Path, rows: Iterable[Any]) -> int:
 
 
 def read_jsonl(path: str | Path, required: Iterable[str] = ()) -> Iterator[dict[str, Any]]:
-    """Yield the objects of a JSONL file. A malformed line or a missing field raises ``InputError``
-    naming the file and the 1-based line number. Blank lines are allowed and skipped."""
+    """Yield the objects of a JSONL file (UTF-8, a leading byte-order mark allowed; ``.gz`` too). A malformed
+    line, a byte that is not UTF-8 or a missing field raises ``InputError`` naming the file and the 1-based line
+    number. Blank lines are allowed and skipped."""
     path = Path(path)
     required = tuple(required)
-    opener = _open_maybe_gz(path)
-    with opener as f:
+    with open_text(path) as f:
         for lineno, line in enumerate(f, start=1):
             if not line.strip():
                 continue
@@ -84,14 +85,41 @@ def read_jsonl(path: str | Path, required: Iterable[str] = ()) -> Iterator[dict[
             yield row
 
 
-def _open_maybe_gz(path: Path):
+def open_text(path: Path, newline: str | None = None):
+    """The lines of a UTF-8 text file (gzip-compressed when it ends in ``.gz``): a context manager that gives an
+    iterator of ``str``.
+
+    A leading byte-order mark (what many Windows tools write) is dropped (``utf-8-sig``). A byte that is not
+    UTF-8 raises ``InputError`` naming the file, the 1-based line, the column and the byte offset.
+    ``newline`` is ``open``'s (``""`` for the csv module)."""
+    import contextlib
+    import gzip
+
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such file")
-    if path.suffix == ".gz":
-        import gzip
+    opener = gzip.open if path.suffix == ".gz" else open
 
-        return gzip.open(path, "rt", encoding="utf-8")
-    return open(path, encoding="utf-8")
+    def lines() -> Iterator[str]:
+        with opener(path, "rt", encoding="utf-8-sig", newline=newline) as f:
+            try:
+                yield from f
+            except UnicodeDecodeError as e:
+                # the text layer decodes in chunks: find the first bad byte again, line by line, in bytes
+                offset = 0
+                with opener(path, "rb") as raw:
+                    for lineno, b in enumerate(raw, start=1):
+                        try:
+                            b.decode("utf-8")
+                        except UnicodeDecodeError as bad:
+                            raise InputError(
+                                f"{path}:{lineno}: not UTF-8: byte 0x{b[bad.start]:02x} at column {bad.start + 1}"
+                                f" (byte offset {offset + bad.start}); the file must be UTF-8 (re-save it as"
+                                " UTF-8, e.g. `iconv -f cp1252 -t utf-8 in.csv > out.csv`)"
+                            ) from None
+                        offset += len(b)
+                raise InputError(f"{path}: not UTF-8 ({e}); the file must be UTF-8") from None
+
+    return contextlib.closing(lines())
 
 
 def save_npy(path: str | Path, array: np.ndarray) -> None:

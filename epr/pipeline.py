@@ -13,9 +13,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from epr import stages as st
 from epr.artifacts import fingerprint, stage_state, write_manifest
 from epr.context import Context
+from epr.stages import candidates, data, encoder, evaluate, labels, predict, prompts, rerank, retrieve, scores
 
 __all__ = ["Stage", "STAGES", "ALIASES", "stage_fingerprint", "status", "run_stage", "run"]
 
@@ -27,7 +27,7 @@ class Stage:
     name: str
     deps: Callable[[Context], tuple[str, ...]]
     keys: Callable[[Context], dict]  # the config values (and identities) the stage's output depends on
-    fn: Callable[[Context, Path, str], dict | None]  # epr.stages: each imports its module when it runs
+    fn: Callable[[Context, Path, str], dict | None]  # run_<stage> of an epr.stages module
     distributed: bool = False  # every process runs it (else: the main process only)
 
 
@@ -41,8 +41,6 @@ def _retrieve_deps(ctx: Context) -> tuple[str, ...]:
 
 
 def _retrieve_keys(ctx: Context) -> dict:
-    from epr.stages.scores import scoring_key
-
     cfg, rc = ctx.cfg, ctx.cfg.retrieve
     firsts = list(dict.fromkeys(n.split("+")[0] for n in rc.retrievers))
     keys = {
@@ -56,7 +54,7 @@ def _retrieve_keys(ctx: Context) -> dict:
     if "sbert" in firsts:
         keys["sbert"] = cfg.models.encoder
     if "lm-oracle" in firsts:
-        keys["lm_oracle"] = {"L": rc.oracle_candidates or cfg.candidates.L, **scoring_key(cfg)}
+        keys["lm_oracle"] = {"L": rc.oracle_candidates or cfg.candidates.L, **scores.scoring_key(cfg)}
     return keys
 
 
@@ -87,20 +85,23 @@ def _prompts_keys(ctx: Context) -> dict:
 
 def _predict_keys(ctx: Context) -> dict:
     from epr.models import lm_identity
-    from epr.stages.scores import scoring_key
-
     cfg = ctx.cfg
     return {
         "generate": cfg.section("generate"),
         "lm": lm_identity(cfg.models, inference=True),
-        "gold_logprob": scoring_key(cfg, inference=True),
+        "gold_logprob": scores.scoring_key(cfg, inference=True),
     }
 
 
 def _scoring_keys(ctx: Context) -> dict:
-    from epr.stages.scores import scoring_key
+    return scores.scoring_key(ctx.cfg)
 
-    return scoring_key(ctx.cfg)
+
+def run_dr_bm25(ctx: Context, out: Path, fp: str) -> dict:
+    """The DR-BM25 sub-run (``<run_dir>/dr-bm25/``): the same candidates and training, BM25-ranked labels."""
+    sub = ctx.sub_run("dr-bm25")
+    ran = run(sub, until="encoder")
+    return {"rows": {"stages_run": len(ran)}, "extra": {"sub_run": str(sub.cfg.run_dir), "ran": ran}}
 
 
 def _sub_run_keys(ctx: Context) -> dict:
@@ -111,40 +112,40 @@ def _sub_run_keys(ctx: Context) -> dict:
 STAGES: dict[str, Stage] = {
     s.name: s
     for s in [
-        Stage("examples", _const(), lambda c: {"data": c.cfg.section("data")}, st.run_examples),
+        Stage("examples", _const(), lambda c: {"data": c.cfg.section("data")}, data.run_examples),
         Stage(
             "candidates",
             _const("examples"),
             lambda c: {"candidates": c.cfg.section("candidates"), "query_order": "nested-permutation"},
-            st.run_candidates,
+            candidates.run_candidates,
         ),
         Stage(
             "scores",
             _const("candidates"),
             # the LM's identity, resolved dtype and device; batch layout only where it changes results (bf16)
             _scoring_keys,
-            st.run_scores,
+            scores.run_scores,
             distributed=True,
         ),
         Stage(
             "labels",
             lambda c: ("scores",) if c.cfg.labels.source == "lm" else ("candidates",),
             lambda c: {"labels": c.cfg.section("labels")},
-            st.run_labels,
+            labels.run_labels,
         ),
         Stage(
             "encoder",
             _const("labels"),
             lambda c: {"train": c.cfg.section("train"), "encoder": c.cfg.models.encoder},
-            st.run_encoder,
+            encoder.run_encoder,
             distributed=True,
         ),
-        Stage("dr-bm25", _const(), _sub_run_keys, st.run_dr_bm25),  # a sub-run: this run with BM25 labels
-        Stage("retrieve", _retrieve_deps, _retrieve_keys, st.run_retrieve),
-        Stage("rerank", _const("retrieve"), _rerank_keys, st.run_rerank),
-        Stage("prompts", _const("rerank"), _prompts_keys, st.run_prompts),
-        Stage("predict", _const("prompts"), _predict_keys, st.run_predict),
-        Stage("evaluate", _const("predict"), lambda c: {"task": c.cfg.data.task}, st.run_evaluate),
+        Stage("dr-bm25", _const(), _sub_run_keys, run_dr_bm25),  # a sub-run: this run with BM25 labels
+        Stage("retrieve", _retrieve_deps, _retrieve_keys, retrieve.run_retrieve),
+        Stage("rerank", _const("retrieve"), _rerank_keys, rerank.run_rerank),
+        Stage("prompts", _const("rerank"), _prompts_keys, prompts.run_prompts),
+        Stage("predict", _const("prompts"), _predict_keys, predict.run_predict),
+        Stage("evaluate", _const("predict"), lambda c: {"task": c.cfg.data.task}, evaluate.run_evaluate),
     ]
 }
 ALIASES = {"compare": "evaluate"}  # the back half's old single stage: ``--until compare`` still works

@@ -66,8 +66,8 @@ def write_rows(path: Path, rows: list[dict]) -> Path:
 
 @pytest.fixture
 def tiny_task_files(tmp_path) -> Path:
-    """24 pool + 6 eval rows of a toy parser in the demo task's layout."""
-    verbs = ["turn on", "turn off", "dim", "check"]
+    """24 pool + 6 eval rows of a toy parser in the demo task's layout (the eval rows' verb is not in the pool)."""
+    verbs = ["turn on", "turn off", "dim", "check", "toggle"]
     rooms = ["kitchen", "garage", "office", "attic", "porch", "den"]
     rows = [
         {"input": f"{v} the {r} lights", "output": f"[IN:{v.upper().replace(' ', '_')} [SL:ROOM {r} ] ]"}

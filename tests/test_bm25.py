@@ -32,6 +32,7 @@ def test_fast_backend_matches_rank_bm25(query):
     ids_r, sc_r = ref.search([query], 5)
     ids_f, sc_f = fast.search([query], 5)
     np.testing.assert_array_equal(ids_r, ids_f)
+    np.testing.assert_allclose(sc_f, sc_r, rtol=1e-5, atol=1e-6)  # the scores returned with the ids agree too
 
 
 def test_self_excluded_by_id_but_duplicate_kept():

@@ -39,4 +39,5 @@ def test_bad_values_are_named(override, match):
 def test_retriever_names_checked_at_load(bad, msg):
     with pytest.raises(ValueError, match=msg):
         load_config([], [f"retrieve.retrievers=epr,{bad}"])
-    load_config([], ["retrieve.retrievers=random,bm25,sbert+div,epr+div+bias,lm-oracle"])
+    ok = load_config([], ["retrieve.retrievers=random,bm25,sbert+div,epr+div+bias,lm-oracle"])
+    assert ok.retrieve.retrievers == ("random", "bm25", "sbert+div", "epr+div+bias", "lm-oracle")

@@ -10,6 +10,7 @@ from epr.api import PromptRetriever
 from epr.cli import main
 from epr.config import load_config
 from epr.context import Context
+from epr.index import load_index
 
 
 def write_csv(path, rows, header=("question", "answer")):
@@ -62,8 +63,12 @@ def test_own_csv_to_retrieve(tmp_path, minilm_dir):
     assert res.prompt.index(res.demos[0].input) > res.prompt.index(
         res.demos[2].input
     )  # best right before the query
-    assert (tmp_path / "mine" / "encoder").glob("pool.*.faiss")
-    r2 = PromptRetriever.from_run(tmp_path / "mine")  # cached index
+    cached = list((tmp_path / "mine" / ".cache" / "index").glob("*.faiss"))
+    assert len(cached) == 1 and cached[0].stat().st_size > 0  # the index, saved for the next from_run
+    assert load_index(cached[0]).ntotal == len(r.pool) == 16  # 20 rows minus data.eval_size=4
+    stamp = cached[0].stat().st_mtime_ns
+    r2 = PromptRetriever.from_run(tmp_path / "mine")  # cached index: loaded, not rebuilt
+    assert cached[0].stat().st_mtime_ns == stamp
     assert r2.retrieve("how do I reset my email", k=3).demos == res.demos
 
 

@@ -1,3 +1,4 @@
+import gzip
 import json
 
 import pytest
@@ -57,6 +58,32 @@ def test_csv_missing_column(tmp_path):
         DataConfig(task="jsonl", path=str(p), input_field="question", output_field="answer", eval_path=str(p))
     ).load()
     assert pool[0].input == "hi" and ev[0].output == "there"
+
+
+def _csv_task(p):
+    return get_task(
+        DataConfig(task="jsonl", path=str(p), input_field="question", output_field="answer", eval_size=1)
+    )
+
+
+CSV_TEXT = "question,answer\nhow are you,fine\nqué tal,bien\nwhere,here\n"
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_csv_with_byte_order_mark_loads_like_without(tmp_path, gz):
+    plain, bom = tmp_path / "plain.csv", tmp_path / ("bom.csv.gz" if gz else "bom.csv")
+    plain.write_text(CSV_TEXT, encoding="utf-8")
+    data = b"\xef\xbb\xbf" + CSV_TEXT.encode("utf-8")
+    bom.write_bytes(gzip.compress(data) if gz else data)
+    a, b = ([(e.input, e.output) for part in _csv_task(f).load() for e in part] for f in (plain, bom))
+    assert a == b and sorted(a) == [("how are you", "fine"), ("qué tal", "bien"), ("where", "here")]
+
+
+def test_csv_non_utf8_byte_names_file_and_line(tmp_path):
+    p = tmp_path / "d.csv"
+    p.write_bytes(b"question,answer\nhow are you,fine\n" + "qué tal,bien\n".encode("latin-1"))
+    with pytest.raises(InputError, match=r"d.csv:3: not UTF-8: byte 0xe9 at column 3 .* must be UTF-8"):
+        _csv_task(p).load()
 
 
 def test_split_is_deterministic_and_keeps_groups_whole():

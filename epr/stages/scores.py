@@ -12,14 +12,17 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tqdm.auto import tqdm
 
 from epr.artifacts import ChunkStore, write_jsonl
 from epr.context import Context
 from epr.score_cache import ScoreCache
-from epr.scoring import LMScorer
 from epr.types import Example, Ranking
+
+if TYPE_CHECKING:
+    from epr.scoring import LMScorer
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +40,8 @@ def build_scorer(ctx: Context, inference: bool = False) -> LMScorer:
 
 
 def scorer_for(cfg, model, tok) -> LMScorer:
+    from epr.scoring import LMScorer
+
     sc = cfg.scoring
     return LMScorer(
         model,

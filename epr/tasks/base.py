@@ -11,8 +11,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from epr.artifacts import read_jsonl
+from epr.artifacts import open_text, read_jsonl
 from epr.config import DataConfig
+from epr.evaluation import seeded_subset
 from epr.types import Example, InputError
 
 __all__ = ["Task", "RawRow", "LoadReport", "register", "get_task", "TASKS", "split_pool_eval", "read_table"]
@@ -78,11 +79,12 @@ class LoadReport:
 
 
 def read_table(path: str | Path, input_field: str, output_field: str) -> Iterable[tuple[dict[str, Any], str]]:
-    """Rows of a JSONL or CSV/TSV file as (dict, 'file:line'). Missing columns raise ``InputError``."""
+    """Rows of a JSONL or CSV/TSV file (UTF-8, a leading byte-order mark allowed; ``.gz`` too) as
+    (dict, 'file:line'). Missing columns and bytes that are not UTF-8 raise ``InputError``."""
     path = Path(path)
     name = path.name.removesuffix(".gz")
     if name.endswith((".csv", ".tsv")):
-        with open(path, encoding="utf-8-sig", newline="") as f:
+        with open_text(path, newline="") as f:
             reader = csv.DictReader(f, delimiter="\t" if name.endswith(".tsv") else ",")
             cols = reader.fieldnames or []
             missing = [c for c in (input_field, output_field) if c not in cols]
@@ -145,9 +147,7 @@ class Task:
         pool = self._finalise(pool_raw, self.cfg.pool_limit)
         ev = self._finalise(eval_raw, None)
         if self.cfg.eval_limit is not None and self.cfg.eval_limit < len(ev):
-            keep = np.sort(
-                np.random.default_rng(self.cfg.split_seed).choice(len(ev), self.cfg.eval_limit, replace=False)
-            )
+            keep = seeded_subset(len(ev), self.cfg.eval_limit, self.cfg.split_seed)
             ev = [Example(i, ev[j].input, ev[j].output, ev[j].meta) for i, j in enumerate(keep)]
         if not pool:
             raise InputError(f"task {self.name}: the demonstration pool is empty")

@@ -1,0 +1,57 @@
+"""The Python API (epr.api): the prompt it hands out is the one the compare stages evaluated, and its cached faiss
+index is keyed by the encoder and pool that built it (a retrained encoder never reuses an old index)."""
+
+import json
+
+import numpy as np
+
+from epr import pipeline
+from epr.api import PromptRetriever
+from epr.context import Context
+from epr.index import search
+
+from .test_own_data import own_config
+
+
+def test_api_prompt_is_the_evaluated_prompt(tmp_path, minilm_dir, tiny_lm_dir):
+    ctx = Context(
+        own_config(
+            tmp_path,
+            minilm_dir,
+            f"models.lm={tiny_lm_dir}",
+            "generate.max_new_tokens=2",
+            "retrieve.retrievers=[epr]",
+            "retrieve.k=6",
+            "retrieve.max_demos=4",
+            "retrieve.prompt_budget=40",  # tight: not every retrieved demonstration fits
+            "retrieve.answer_reserve=8",
+        )
+    )
+    pipeline.run(ctx, until="prompts")
+    r = PromptRetriever.from_run(ctx.cfg.run_dir)
+    ev = {e.idx: e for e in ctx.examples("eval")}
+    rows = [json.loads(x) for x in (ctx.stage_dir("prompts") / "epr.jsonl").open()]
+    assert any(0 < len(p["demo_ids"]) < 4 for p in rows)  # the budget binds somewhere
+    for p in rows:
+        res = r.retrieve(ev[p["idx"]].input, k=6)
+        assert res.prompt == p["text"] and res.prompt_demos == len(p["demo_ids"])
+
+
+def test_api_index_cache_follows_the_encoder(tmp_path, minilm_dir):
+    cfg = own_config(tmp_path, minilm_dir)
+    pipeline.run(Context(cfg), until="encoder")
+    first = PromptRetriever.from_run(cfg.run_dir)
+    cached = sorted((cfg.run_dir / ".cache" / "index").glob("*.faiss"))
+    assert len(cached) == 1
+    again = PromptRetriever.from_run(cfg.run_dir)  # served from the cache: same ids
+    q = first.encoder.encode(["how do I reset my email"], "query")
+    np.testing.assert_array_equal(search(first.index, q, 5)[0], search(again.index, q, 5)[0])
+
+    cfg2 = own_config(tmp_path, minilm_dir, "train.lr=1e-3")  # another encoder in the same run folder
+    pipeline.run(Context(cfg2), until="encoder")
+    r2 = PromptRetriever.from_run(cfg2.run_dir)
+    assert len(sorted((cfg.run_dir / ".cache" / "index").glob("*.faiss"))) == 2
+    fresh = PromptRetriever(r2.encoder, r2.pool, r2.task)  # built from the new encoder, no cache
+    q2 = r2.encoder.encode(["how do I reset my email"], "query")
+    np.testing.assert_allclose(search(r2.index, q2, 5)[1], search(fresh.index, q2, 5)[1], rtol=1e-5)
+    assert not np.allclose(search(r2.index, q2, 5)[1], search(first.index, q2, 5)[1])
