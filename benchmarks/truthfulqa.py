@@ -19,7 +19,15 @@ from benchmarks.common import describe, machine, save
 from epr.models import load_encoder, load_lm
 from epr.prefix_scoring import score_shared_prefix
 from epr.scoring import LMScorer
-from epr.truthfulqa import answers_of, build_sets, demo_text, load_tqa, query_text, select_context
+from epr.truthfulqa import (
+    answer_text,
+    answers_of,
+    build_sets,
+    context_text,
+    load_tqa,
+    query_text,
+    select_context,
+)
 
 
 def main() -> None:
@@ -40,9 +48,8 @@ def main() -> None:
     prompts, answers = [], []
     for qi in subset:
         sel = select_context("rel", int(qi), q_emb[qi], icl_emb, icl_q, zeros, 6, 1.0, 1.0)
-        ctx = "".join(demo_text(full.icl[j][1], full.icl[j][2]) for j in reversed(sel))
-        prompts.append(ctx + query_text(rows[qi]["question"]))
-        answers.append([f" {x}" for x in answers_of(rows[qi])])
+        prompts.append(context_text(full.icl, sel) + query_text(rows[qi]["question"]))
+        answers.append([answer_text(x) for x in answers_of(rows[qi])])
 
     model, tok = load_lm("smollm2")
     scorer = LMScorer(model, tok, batch_tokens=a.batch_tokens)

@@ -24,6 +24,7 @@ __all__ = [
     "RetrieveConfig",
     "GenerateConfig",
     "RagsysConfig",
+    "TruthfulQAConfig",
     "load_config",
     "config_from_dict",
 ]
@@ -146,7 +147,39 @@ class RagsysConfig:
     k: int = 6
     lambda_d: float = 0.75
     lambda_b: float = 0.95
-    shortlist: int = 100
+
+
+@dataclass(frozen=True)
+class TruthfulQAConfig:
+    """The TruthfulQA stages (epr/stages/truthfulqa.py); k, lambda_d and lambda_b come from ``ragsys``, the LM from
+    ``models.lm`` / ``models.dtype``, the relevance encoder from ``models.encoder``, the files from ``data.data_dir``."""
+
+    version: str = "2021-10"  # 2021-10 (SPEC 3.4) | v0 (the copy HF / lm-evaluation-harness use)
+    variants: tuple[str, ...] = ("fix", "bias", "rel", "rel+bias", "rel+div", "rel+div+bias")
+    limit: int | None = None  # a seeded subset (seed: ``seed``) of the 817 questions; the pool stays whole
+    sweep: tuple[float, ...] = ()  # lambda_d values of the calibration sweep (rel+div+bias); empty: no sweep
+    chunk_size: int = 32  # questions per resumable chunk of scores
+
+    def __post_init__(self):
+        from ragsys import VARIANTS
+
+        known = ("fix", *VARIANTS)
+        bad = [v for v in self.variants if v not in known]
+        if bad or not self.variants or len(set(self.variants)) != len(self.variants):
+            raise ValueError(
+                f"config truthfulqa.variants: {list(self.variants)}: distinct names of {list(known)}"
+            )
+        try:
+            sweep = tuple(float(x) for x in self.sweep)
+        except (TypeError, ValueError):
+            raise ValueError(f"config truthfulqa.sweep: {self.sweep!r}: expected numbers in [0, 1]") from None
+        if any(not 0.0 <= x <= 1.0 for x in sweep):
+            raise ValueError(f"config truthfulqa.sweep: {list(sweep)}: lambda_d values must be in [0, 1]")
+        object.__setattr__(self, "sweep", sweep)
+        if self.limit is not None and self.limit < 1:
+            raise ValueError(f"config truthfulqa.limit={self.limit} must be >= 1 (or null: all questions)")
+        if self.chunk_size < 1:
+            raise ValueError(f"config truthfulqa.chunk_size={self.chunk_size} must be >= 1")
 
 
 @dataclass(frozen=True)
@@ -163,6 +196,7 @@ class ExperimentConfig:
     retrieve: RetrieveConfig = field(default_factory=RetrieveConfig)
     generate: GenerateConfig = field(default_factory=GenerateConfig)
     ragsys: RagsysConfig = field(default_factory=RagsysConfig)
+    truthfulqa: TruthfulQAConfig = field(default_factory=TruthfulQAConfig)
 
     @property
     def run_dir(self) -> Path:
@@ -185,6 +219,7 @@ _CHOICES = {
     ("train", "loss"): {"epr", "listwise", "distill"},
     ("train", "similarity"): {"dot", "cosine"},
     ("train", "best_by"): {"mrr", "recall", "last"},
+    ("truthfulqa", "version"): {"2021-10", "v0"},
 }
 
 
@@ -197,6 +232,8 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     if origin is tuple:
         if isinstance(value, str):
             value = [v.strip() for v in value.split(",") if v.strip()]
+        elif not isinstance(value, (list, tuple)):
+            value = [value]  # a single value (``--set truthfulqa.sweep=0.5``)
         return tuple(value)
     if value is None:
         if "None" in str(tp):

@@ -16,6 +16,7 @@ from pathlib import Path
 from epr.artifacts import fingerprint, stage_state, write_manifest
 from epr.context import Context
 from epr.stages import candidates, data, encoder, evaluate, labels, predict, prompts, rerank, retrieve, scores
+from epr.stages import truthfulqa as tqa
 
 __all__ = ["Stage", "STAGES", "ALIASES", "stage_fingerprint", "status", "run_stage", "run"]
 
@@ -146,6 +147,8 @@ STAGES: dict[str, Stage] = {
         Stage("prompts", _const("rerank"), _prompts_keys, prompts.run_prompts),
         Stage("predict", _const("prompts"), _predict_keys, predict.run_predict),
         Stage("evaluate", _const("predict"), lambda c: {"task": c.cfg.data.task}, evaluate.run_evaluate),
+        # TruthfulQA (RAGSys, SPEC 3): demonstration sets -> log-probabilities -> tables (``epr truthfulqa``)
+        *[Stage(n, _const(*d), k, f) for n, d, k, f in tqa.STAGE_SPECS],
     ]
 }
 ALIASES = {"compare": "evaluate"}  # the back half's old single stage: ``--until compare`` still works

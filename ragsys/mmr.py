@@ -37,8 +37,8 @@ def mmr_select(
     emb: np.ndarray,
     quality: np.ndarray | None,
     k: int,
-    lambda_d: float = 0.75,
-    lambda_b: float = 0.95,
+    lambda_d: float,
+    lambda_b: float,
 ) -> np.ndarray:
     """Pick ``k`` of ``n`` demonstrations, returned in selection order as ``(k,) int64`` row indices.
 
@@ -103,8 +103,8 @@ def select_variant(
     emb: np.ndarray,
     quality: np.ndarray | None,
     k: int,
-    lambda_d: float = 0.75,
-    lambda_b: float = 0.95,
+    lambda_d: float,
+    lambda_b: float,
 ) -> np.ndarray:
     """Run one of the paper's variants by name (``bias``, ``rel``, ``rel+bias``, ``rel+div``, ``rel+div+bias``)."""
     if variant not in VARIANTS:

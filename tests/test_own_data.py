@@ -130,22 +130,36 @@ def test_own_csv_missing_column_is_named(tmp_path, capsys, caplog):
 @pytest.mark.slow
 def test_demo_end_to_end(tmp_path, capsys):
     """The README's main command, on the real packaged models (a few minutes on 2 cores)."""
-    rc = main(
-        [
-            "demo",
-            "--set",
-            f"run_root={tmp_path}",
-            "--set",
-            "candidates.num_queries=40",
-            "--set",
-            "train.epochs=1",
-            "--set",
-            "data.eval_limit=16",
-            "--set",
-            "retrieve.retrievers=random,bm25,epr,epr+div",
-        ]
-    )
+    import json
+
+    sets = [
+        "--set",
+        f"run_root={tmp_path}",
+        "--set",
+        "candidates.num_queries=40",
+        "--set",
+        "train.epochs=1",
+        "--set",
+        "data.eval_limit=16",
+        "--set",
+        "retrieve.retrievers=random,bm25,epr,epr+div",
+    ]
+    rc = main(["demo", *sets])
     assert rc == 0
     out = capsys.readouterr().out
     assert "| retriever | EM (ours)" in out and "epr+div" in out
-    assert (tmp_path / "demo" / "compare" / "report.html").exists()
+    run = tmp_path / "demo"
+    assert "<table>" in (run / "evaluate" / "report.html").read_text()
+    res = json.loads((run / "evaluate" / "results.json").read_text())
+    assert list(res) == ["random", "bm25", "epr", "epr+div"]
+    # the real LM with real demonstrations: BM25's prompts parse commands, random ones much less often
+    assert res["bm25"]["em"] >= 50.0 and res["random"]["em"] < res["bm25"]["em"]
+    assert all(v["prompt_status"]["ok"] == 16 and v["gold_logprob_n"] == 16 for v in res.values())
+    assert res["bm25"]["gold_logprob"]["value"] > res["random"]["gold_logprob"]["value"]
+    per_query = [json.loads(x) for x in (run / "evaluate" / "per_query.jsonl").read_text().splitlines()]
+    assert len(per_query) == 16 and all(len(q["epr"]["demos"]) >= 1 for q in per_query)
+    labels = (run / "labels" / "labels.jsonl").read_text().splitlines()
+    assert len(labels) == 40
+    # a second `epr demo` finds every stage fresh and prints the same table
+    assert main(["demo", *sets]) == 0
+    assert capsys.readouterr().out.split("Done in")[0] == out.split("Done in")[0]

@@ -22,7 +22,7 @@ def test_pure_relevance_is_topk_cosine():
 def test_large_quality_weight_picks_by_quality():
     rng = np.random.default_rng(1)
     emb, q, b = rng.normal(size=(30, 4)), rng.normal(size=4), rng.normal(size=30)
-    assert select_variant("bias", q, emb, b, 5).tolist() == np.argsort(-b)[:5].tolist()
+    assert select_variant("bias", q, emb, b, 5, 0.75, 0.95).tolist() == np.argsort(-b)[:5].tolist()
 
 
 def test_near_duplicates_suppressed():
@@ -42,6 +42,7 @@ def test_near_duplicates_suppressed():
     ],
 )
 def test_bad_arguments(kw, match):
-    args = {"query": np.ones(3), "emb": np.ones((10, 3)), "quality": np.zeros(10), "k": 3, **kw}
+    args = {"query": np.ones(3), "emb": np.ones((10, 3)), "quality": np.zeros(10), "k": 3}
+    args |= {"lambda_d": 0.75, "lambda_b": 0.95, **kw}
     with pytest.raises(ValueError, match=match):
         mmr_select(**args)

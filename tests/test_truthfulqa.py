@@ -1,11 +1,13 @@
+import json
 import math
 
 import numpy as np
 import pytest
 
+from epr.artifacts import read_jsonl
 from epr.prefix_scoring import score_shared_prefix
 from epr.scoring import LMScorer
-from epr.truthfulqa import build_sets, evaluate_variant, select_context
+from epr.truthfulqa import build_sets, select_context
 from epr.types import InputError
 from ragsys.metrics import dpo_triplet, mc1, mc_fraction_beating, mc_mass, question_metrics
 
@@ -53,8 +55,6 @@ def test_sets_and_leave_one_out():
 
 
 def test_no_incorrect_answers_is_an_error(tmp_path):
-    import json
-
     from epr.truthfulqa import load_tqa
 
     (tmp_path / "truthfulqa").mkdir()
@@ -64,7 +64,9 @@ def test_no_incorrect_answers_is_an_error(tmp_path):
         load_tqa(str(tmp_path))
 
 
-def test_shared_prefix_equals_from_scratch_and_eval_runs(tiny_lm, tmp_path):
+def test_shared_prefix_equals_from_scratch_and_metrics(tiny_lm):
+    from epr.truthfulqa import question_row, score_question, summarise, triplets_by_question
+
     model, tok = tiny_lm
     s = LMScorer(model, tok)
     targets = [" right 1.", " wrong 1.", " x"]
@@ -74,50 +76,218 @@ def test_shared_prefix_equals_from_scratch_and_eval_runs(tiny_lm, tmp_path):
         rtol=1e-4,
         atol=1e-4,
     )
-    data = build_sets(ROWS)
-    from epr.truthfulqa import empty_scores
-
-    empty = empty_scores(s, data, tmp_path / "empty.jsonl")
-    summ, rows = evaluate_variant(s, data, [""] * 4, empty, tmp_path / "v.jsonl")
+    trip = triplets_by_question(build_sets(ROWS))
+    empty = [score_question(s, r, "") for r in ROWS]
+    summ = summarise([question_row(r, e, e, trip[qi]) for qi, (r, e) in enumerate(zip(ROWS, empty))])
     assert summ["dpo"] == pytest.approx(math.log(0.5), abs=1e-4)  # empty context vs empty context: z = 0
-    again, _ = evaluate_variant(s, data, [""] * 4, empty, tmp_path / "v.jsonl")  # resumed from the file
-    assert again == summ and summ["questions"] == 4 and summ["dpo_triplets"] == 8
+    assert summ["questions"] == 4 and summ["dpo_triplets"] == 8
 
 
-def test_cli_six_variants_and_sweep_end_to_end(tmp_path, tiny_lm_dir, minilm_dir):
-    """`epr truthfulqa` on a tiny data folder with a tiny LM: the table, intervals, the sweep and its plot; a rerun
-    reuses every per-question row (the sweep's lambda_d = 0.75 and 1 reuse the rel+div+bias and rel+bias rows)."""
-    import json
+# ---- the stages: one pipeline, one cache ------------------------------------------------------------------------
 
+
+def _real_row(i: int, version: str) -> dict:
+    """A question in the layout of ../shared/data/truthfulqa/truthfulqa.<version>.jsonl; v0 asks other questions."""
+    q = f"{'Old question' if version == 'v0' else 'Question'} {i}?"
+    right, also, wrong, wrong2 = f"right {i}", f"also right {i}", f"wrong {i}", f"bad {i}"
+    return {
+        "id": f"tqa-{i:03d}",
+        "question": q,
+        "correct_answers": [right, also],
+        "incorrect_answers": [wrong, wrong2],
+        "best_answer": right,
+        "category": "Misconceptions",
+        "type": "Adversarial",
+        "source": "https://example.org",
+        "mc1_targets": {"choices": [f"{right}.", f"{wrong}.", f"{wrong2}."], "labels": [1, 0, 0]},
+        "mc2_targets": {
+            "choices": [f"{right}.", f"{also}.", f"{wrong}.", f"{wrong2}."],
+            "labels": [1, 1, 0, 0],
+        },
+    }
+
+
+@pytest.fixture
+def tqa_data(tmp_path):
+    d = tmp_path / "data"
+    (d / "truthfulqa").mkdir(parents=True)
+    for version in ("2021-10", "v0"):
+        rows = [_real_row(i, version) for i in range(4)]
+        (d / "truthfulqa" / f"truthfulqa.{version}.jsonl").write_text(
+            "".join(json.dumps(r) + "\n" for r in rows)
+        )
+    return d
+
+
+@pytest.fixture(scope="module")
+def other_lm_dir(tiny_lm_dir, tmp_path_factory):
+    """Another tiny LM with the same tokenizer (the weights perturbed): a different model to every cache."""
+    import shutil
+    from pathlib import Path
+
+    import torch
+    from transformers import LlamaForCausalLM
+
+    model = LlamaForCausalLM.from_pretrained(tiny_lm_dir)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.5 * torch.randn_like(p))
+    out = tmp_path_factory.mktemp("other_lm")
+    model.save_pretrained(out)
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+        shutil.copy(Path(tiny_lm_dir) / name, out / name)
+    return str(out)
+
+
+@pytest.fixture
+def tqa_stages(monkeypatch):
+    """The TruthfulQA entries of the stage graph, as ``epr.stages.truthfulqa.STAGE_SPECS`` declares them."""
+    from epr import pipeline
+    from epr.stages.truthfulqa import STAGE_SPECS
+
+    for name, deps, keys, fn in STAGE_SPECS:
+        monkeypatch.setitem(pipeline.STAGES, name, pipeline.Stage(name, lambda c, d=deps: d, keys, fn))
+    return pipeline
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """Every prompt the LM scores answers after, and every D_ICL pair whose quality bias it computes."""
+    import epr.truthfulqa as tqa
+
+    seen = {"prompts": [], "quality": [], "fail_at": None}
+    score, quality = tqa.score_prompt, tqa.quality_bias
+
+    def score_prompt(scorer, prompt, targets):
+        if seen["fail_at"] is not None and len(seen["prompts"]) + 1 >= seen["fail_at"]:
+            raise KeyboardInterrupt("killed")
+        seen["prompts"].append(prompt)
+        return score(scorer, prompt, targets)
+
+    def quality_bias(scorer, pairs):
+        seen["quality"].extend(tuple(p) for p in pairs)
+        return quality(scorer, pairs)
+
+    monkeypatch.setattr(tqa, "score_prompt", score_prompt)
+    monkeypatch.setattr(tqa, "quality_bias", quality_bias)
+
+    def take():
+        out = {k: seen[k] for k in ("prompts", "quality")}
+        seen["prompts"], seen["quality"] = [], []
+        return out
+
+    seen["take"] = take
+    return seen
+
+
+def _ctx(tmp_path, data_dir, lm, *sets):
+    from epr.config import load_config
+    from epr.context import Context
+    from epr.truthfulqa_cli import CONFIG
+
+    base = [f"run_root={tmp_path / 'runs'}", f"data.data_dir={data_dir}", f"models.lm={lm}", "models.encoder=minilm",
+            "ragsys.k=2", "truthfulqa.chunk_size=2"]  # fmt: skip
+    return Context(load_config([CONFIG], [*base, *sets]))
+
+
+def _report(ctx) -> dict:
+    out = ctx.stage_dir("tqa_report")
+    res = json.loads((out / "results.json").read_text())
+    res["per_question"] = list(read_jsonl(out / "per_question.jsonl"))
+    res["md"] = (out / "results.md").read_text()
+    return res
+
+
+def test_stages_recompute_on_version_and_lm_and_reuse_on_sweep(tmp_path, tqa_data, tiny_lm_dir, other_lm_dir,
+                                                                tqa_stages, calls):  # fmt: skip
+    from epr.truthfulqa import query_text
+
+    pipeline = tqa_stages
+    ctx = _ctx(tmp_path, tqa_data, tiny_lm_dir)
+    assert pipeline.run(ctx, until="tqa_report") == ["tqa_contexts", "tqa_score", "tqa_report"]
+    first = calls["take"]()
+    assert first["prompts"] and all("Old" not in p for p in first["prompts"])
+    assert len(first["quality"]) == 8  # every D_ICL pair once
+    res = _report(ctx)
+    assert list(res["variants"]) == ["fix", "bias", "rel", "rel+bias", "rel+div", "rel+div+bias"]
+    assert res["info"]["version"] == "2021-10" and res["info"]["dtype"] == "fp32"
+    assert "TruthfulQA 2021-10" in res["md"] and "(fp32)" in res["md"] and "MC1 - Fix" in res["md"]
+    assert all(
+        0 <= v["mc1"] <= 1 and v["questions"] == 4 and len(v["mc1_ci"]) == 2 for v in res["variants"].values()
+    )
+    assert pipeline.run(ctx, until="tqa_report") == []  # all fresh
+
+    # only the sweep changes: every set scored before is reused, lambda_d = 0.75 is rel+div+bias's set
+    ctx = _ctx(tmp_path, tqa_data, tiny_lm_dir, "truthfulqa.sweep=[0.75, 0.0]")
+    assert pipeline.run(ctx, until="tqa_report") == ["tqa_contexts", "tqa_score", "tqa_report"]
+    new = calls["take"]()
+    assert not new["quality"] and len(new["prompts"]) <= 4 and not set(new["prompts"]) & set(first["prompts"])
+    again = _report(ctx)
+    assert again["variants"] == res["variants"]
+    out = ctx.stage_dir("tqa_report")
+    sweep = json.loads((out / "sweep.json").read_text())["sweep"]
+    assert [s["lambda_d"] for s in sweep] == [0.75, 0.0]
+    assert (
+        sweep[0]["dpo"] == res["variants"]["rel+div+bias"]["dpo"] and (out / "sweep.png").stat().st_size > 0
+    )
+
+    # another data version with as many questions: everything is rescored, the report shows the v0 rows
+    ctx = _ctx(tmp_path, tqa_data, tiny_lm_dir, "truthfulqa.version=v0")
+    pipeline.run(ctx, until="tqa_report")
+    v0 = calls["take"]()
+    assert {query_text(f"Old question {i}?") for i in range(4)} <= set(v0["prompts"])  # the empty context too
+    assert all(p.endswith(tuple(query_text(f"Old question {i}?") for i in range(4))) for p in v0["prompts"])
+    assert len(v0["quality"]) == 8
+    res_v0 = _report(ctx)
+    assert res_v0["info"]["version"] == "v0" and "TruthfulQA v0" in res_v0["md"]
+    assert all(r["question"].startswith("Old question") for r in res_v0["per_question"])
+    assert not (out / "sweep.md").exists()  # no sweep configured any more: no stale sweep table
+
+    # another LM (same tokenizer): rescored; back to the first LM: served from the cache, nothing scored
+    ctx = _ctx(tmp_path, tqa_data, other_lm_dir, "truthfulqa.version=v0")
+    pipeline.run(ctx, until="tqa_report")
+    other = calls["take"]()
+    assert {query_text(f"Old question {i}?") for i in range(4)} <= set(other["prompts"])
+    assert len(other["quality"]) == 8
+    assert _report(ctx)["variants"]["fix"]["paper_mc3"] != res_v0["variants"]["fix"]["paper_mc3"]
+    ctx = _ctx(tmp_path, tqa_data, tiny_lm_dir, "truthfulqa.version=v0")
+    assert pipeline.run(ctx, until="tqa_report") == ["tqa_contexts", "tqa_score", "tqa_report"]
+    assert calls["take"]() == {"prompts": [], "quality": []}
+    assert _report(ctx)["variants"] == res_v0["variants"]
+
+
+def test_killed_score_stage_resumes_from_its_chunks(tmp_path, tqa_data, tiny_lm_dir, tqa_stages, calls):
+    pipeline = tqa_stages
+    ctx = _ctx(tmp_path, tqa_data, tiny_lm_dir, "truthfulqa.variants=[fix, rel]", "truthfulqa.limit=3")
+    calls["fail_at"] = 6  # chunks of 2 questions: empty (2 + 1), fix (2), then killed in fix's second chunk
+    with pytest.raises(KeyboardInterrupt):
+        pipeline.run(ctx, until="tqa_report")
+    assert len(calls["take"]()["prompts"]) == 5
+    assert not (ctx.stage_dir("tqa_score") / "manifest.json").exists()
+    calls["fail_at"] = None
+    assert pipeline.run(ctx, until="tqa_report") == ["tqa_score", "tqa_report"]
+    resumed = calls["take"]()["prompts"]
+    from epr.artifacts import read_manifest
+
+    distinct = read_manifest(ctx.stage_dir("tqa_score"))["rows"]["distinct_sets"]
+    assert len(resumed) == 3 * distinct - 5  # the 5 questions of the finished chunks are not scored again
+    assert _report(ctx)["variants"]["fix"]["questions"] == 3
+
+
+def test_cli_is_the_pipeline_with_the_truthfulqa_config(tmp_path, tqa_data, tiny_lm_dir, tqa_stages, capsys):
     from epr.cli import main
 
-    (tmp_path / "truthfulqa").mkdir()
-    with open(tmp_path / "truthfulqa" / "truthfulqa.2021-10.jsonl", "w") as f:
-        for r in ROWS:
-            f.write(json.dumps(r) + "\n")
-    args = [
-        "truthfulqa",
-        "--data-dir",
-        str(tmp_path),
-        "--lm",
-        tiny_lm_dir,
-        "--encoder",
-        minilm_dir,
-        "--k",
-        "2",
-        "--out",
-        str(tmp_path / "out"),
-        "--sweep",
-        "0.5,0.75,1.0",
-    ]
+    args = ["truthfulqa", "--set", f"run_root={tmp_path / 'runs'}", "--set", f"data.data_dir={tqa_data}",
+            "--set", f"models.lm={tiny_lm_dir}", "--set", "ragsys.k=2", "--set", "truthfulqa.sweep=0.5,1"]  # fmt: skip
     assert main(args) == 0
-    out = tmp_path / "out"
-    res = json.loads((out / "results.json").read_text())
-    assert list(res) == ["fix", "bias", "rel", "rel+bias", "rel+div", "rel+div+bias"]
-    assert all(0 <= v["mc1"] <= 1 and v["questions"] == 4 and len(v["mc1_ci"]) == 2 for v in res.values())
-    assert "MC1 - Fix" in (out / "results.md").read_text()
-    sweep = json.loads((out / "sweep.json").read_text())
-    assert [s["lambda_d"] for s in sweep] == [0.5, 0.75, 1.0]
-    assert sweep[1]["mc1"] == res["rel+div+bias"]["mc1"] and sweep[2]["mc1"] == res["rel+bias"]["mc1"]
-    assert (out / "sweep.png").stat().st_size > 0
-    assert not (out / "sweep_0.75_n4.jsonl").exists() and (out / "sweep_0.5_n4.jsonl").exists()
+    out = tmp_path / "runs" / "truthfulqa" / "tqa_report"
+    assert {"results.md", "results.json", "results.csv", "sweep.md", "sweep.png", "report.html"} <= {
+        p.name for p in out.iterdir()
+    }
+    text = capsys.readouterr().out
+    assert (
+        "TruthfulQA 2021-10" in text and "lambda_d sweep" in text and "ran: tqa_contexts, tqa_score" in text
+    )
+    assert main(args) == 0 and "ran: nothing (all fresh)" in capsys.readouterr().out
+    assert main([*args, "--set", "truthfulqa.version=bogus"]) == 2  # a config error, named

@@ -136,11 +136,18 @@ class TruthfulQA(Task):
             ]
         return split_pool_eval(rows, self.cfg.eval_size, self.cfg.split_seed, group=lambda r: r.input)
 
+    # the prompt formats of the RAGSys evaluation (epr.truthfulqa), so both judge the same prompts
     def format_demo(self, ex):
-        return f"Q: {ex.input}\nA: {ex.output}\n\n"
+        from epr.truthfulqa import demo_text
+
+        return demo_text(ex.input, ex.output)
 
     def format_query(self, x):
-        return f"Q: {x}\nA:"
+        from epr.truthfulqa import query_text
+
+        return query_text(x)
 
     def format_target(self, y):
-        return f" {y}\n\n"
+        from epr.truthfulqa import answer_text
+
+        return answer_text(y) + self.stop
