@@ -30,8 +30,10 @@ class Dist:
 
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:
             from accelerate import PartialState
+            from accelerate.utils import parse_flag_from_env
 
-            st = PartialState()
+            # ACCELERATE_USE_CPU: several CPU processes (torchrun) form one group instead of each being "main"
+            st = PartialState(cpu=parse_flag_from_env("ACCELERATE_USE_CPU"))
             return cls(st.process_index, st.num_processes, st)
         return cls()
 

@@ -86,6 +86,7 @@ def _prompts_keys(ctx: Context) -> dict:
 
 def _predict_keys(ctx: Context) -> dict:
     from epr.models import lm_identity
+
     cfg = ctx.cfg
     return {
         "generate": cfg.section("generate"),

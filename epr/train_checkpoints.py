@@ -1,11 +1,11 @@
 """Training checkpoints of the ``encoder`` stage: guarded by the stage fingerprint, complete or ignored.
 
-``<stage>/checkpoints/`` belongs to one fingerprint, named in ``FINGERPRINT.json``: a run with another config or
-upstream deletes what is there instead of resuming it. A checkpoint is ``step_<N>/``, written by
-``accelerator.save_state`` (weights, optimizer, scheduler, every process's RNG states, accelerate's step counter)
-and then ``progress.json`` (epoch, position in the epoch, history, the epoch's losses so far), atomically and last:
-a folder without it was interrupted while being written and is never resumed. Once a newer checkpoint is complete
-the older ones are deleted, and a finished training deletes the folder.
+``<stage>/checkpoints/`` belongs to one fingerprint, named in ``FINGERPRINT.json``: a run with another config
+or upstream deletes what is there instead of resuming it. A checkpoint is ``step_<N>/``, written by
+``accelerator.save_state`` (weights, optimizer, LR schedule, every process's RNG states, accelerate's step
+counter) and then ``progress.json`` (epoch, position in the epoch, history, the epoch's losses so far),
+atomically and last: a folder without it was interrupted while being written and is never resumed. Once a
+newer checkpoint is complete the older ones are deleted; a finished training deletes the folder.
 """
 
 from __future__ import annotations
@@ -58,8 +58,8 @@ class Checkpoints:
             if p.get("fingerprint") != self.fp:
                 continue  # incomplete (killed while saving) or unreadable
             if p.get("processes") != self.acc.num_processes:
-                log.warning("%s: saved by %s processes, not %d: not resumed", d, p.get("processes"),
-                            self.acc.num_processes)  # fmt: skip
+                n = self.acc.num_processes
+                log.warning("%s: saved by %s processes, not %d: not resumed", d, p.get("processes"), n)
                 continue
             if best is None or p["step"] > best.progress["step"]:
                 best = Resumed(d, p)
@@ -87,8 +87,8 @@ class Checkpoints:
 
 
 def save_model(model, dest: Path) -> None:
-    """``model.save_pretrained`` (or a copy of a saved model folder) into ``dest`` through a temporary folder, so
-    a kill leaves the old folder or the new one."""
+    """``model.save_pretrained`` (or a copy of a saved model folder) into ``dest`` through a temporary
+    folder, so a kill leaves the old folder or the new one."""
     dest = Path(dest)
     tmp = dest.with_name(dest.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)

@@ -25,8 +25,8 @@ def evaluate(model: DualEncoder, dev, cands: dict, pool, task, k: int) -> dict:
 
 
 def best_epoch(history: list[dict], by: str, k: int) -> int:
-    """The epoch (0 = untrained) whose dev metric is best (the earliest of equals); the last one for ``last`` or
-    without a dev set."""
+    """The epoch (0 = untrained) whose dev metric is best (the earliest of equals); the last one for
+    ``last`` or without a dev set."""
     key = {"mrr": "mrr", "recall": f"recall@{k}"}.get(by)
     if key is None or key not in history[0]:
         return history[-1]["epoch"]

@@ -64,7 +64,10 @@ class DenseMetric:
         from epr.stages.scores import score_cache, scorer_for
 
         self.model, self.tok = load_lm_for(ctx.cfg.models, inference=True)
-        self.scorer, self.cache = scorer_for(ctx.cfg, self.model, self.tok), score_cache(ctx.cfg, inference=True)
+        self.scorer, self.cache = (
+            scorer_for(ctx.cfg, self.model, self.tok),
+            score_cache(ctx.cfg, inference=True),
+        )
         self.ev = eval_examples(ctx)
         task = ctx.task
         self.empty = gold_logprob(

@@ -9,20 +9,15 @@ Writes both towers' gradients (rank 0) to ``OUT``.
 """
 
 import sys
-from pathlib import Path
 
 import torch
+from accelerate import Accelerator
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "training"))
-
-import train_epr  # noqa: E402
-from accelerate import Accelerator  # noqa: E402
-
-from epr.config import DataConfig, TrainConfig  # noqa: E402
-from epr.encoder import DualEncoder  # noqa: E402
-from epr.tasks import get_task  # noqa: E402
-from epr.train_data import LabelRow  # noqa: E402
+from epr import train as train_epr
+from epr.config import DataConfig, TrainConfig
+from epr.encoder import DualEncoder
+from epr.tasks import get_task
+from epr.train_data import LabelRow
 
 
 def main(out: str, loss: str, chunk: int, encoder: str) -> None:

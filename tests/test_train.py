@@ -1,7 +1,9 @@
-"""The training script on the tiny task: decreasing loss, exact resume, bad labels, 2-process launch."""
+"""Training on the tiny task: decreasing loss, a killed training resumes mid-epoch to identical weights,
+checkpoints of another config are never resumed, bad labels, 2-process launch."""
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -9,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from epr import pipeline
+from epr import train as train_mod
 from epr.artifacts import write_jsonl
 from epr.train_data import LabelRow, read_labels
 from epr.types import InputError
@@ -17,8 +20,7 @@ from .conftest import torchrun
 from .test_pipeline import make_ctx
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "training"))
-import train_epr  # noqa: E402
+SCRIPT = ROOT / "training" / "train_epr.py"
 
 
 def bm25_ctx(tmp_path, data, minilm_dir, *extra):
@@ -40,32 +42,179 @@ def bm25_ctx(tmp_path, data, minilm_dir, *extra):
     return ctx
 
 
+def write_cfg(ctx, path: Path) -> Path:
+    import yaml
+
+    path.write_text(yaml.safe_dump(json.loads(json.dumps(ctx.cfg.to_dict()))))
+    return path
+
+
+def weights(model_dir: Path) -> dict:
+    from epr.encoder import DualEncoder
+
+    return DualEncoder.from_pretrained(str(model_dir)).state_dict()
+
+
+def count_steps(monkeypatch) -> dict:
+    """Count the training steps (``compute_loss`` calls) of the trainings that follow."""
+    n = {"steps": 0}
+    real = train_mod.compute_loss
+
+    def counted(*a, **k):
+        n["steps"] += 1
+        return real(*a, **k)
+
+    monkeypatch.setattr(train_mod, "compute_loss", counted)
+    return n
+
+
 def test_three_steps_decrease_loss(tmp_path, tiny_task_files, minilm_dir):
     ctx = bm25_ctx(tmp_path, tiny_task_files, minilm_dir, "train.epochs=3", "train.dev_size=0")
     # the same 4 instances every epoch: loss must go down and stay finite
-    hist = train_epr.train(ctx)["history"]
+    hist = train_mod.train(ctx, ctx.stage_dir("encoder"))["extra"]["history"]
     losses = [h["loss"] for h in hist[1:]]
     assert all(map(lambda x: x == x and x < 1e6, losses))
     assert losses[-1] < losses[0]
+    assert not (ctx.stage_dir("encoder") / "checkpoints").exists()  # a finished training removes them
 
 
-def test_checkpoint_resume_gives_identical_next_batch(tmp_path, tiny_task_files, minilm_dir):
-    ctx = bm25_ctx(tmp_path, tiny_task_files, minilm_dir, "train.epochs=2", "train.checkpoint_every=3")
-    rows = read_labels(
-        [json.loads(x) for x in (ctx.stage_dir("labels") / "labels.jsonl").read_text().splitlines()], 24
-    )
-    tc = ctx.cfg.train
-    full = list(train_epr.get_dataloader(rows, 4, 42, 0, tc))
-    resumed = list(train_epr.get_dataloader(rows, 4, 42, 0, tc))[3:]
-    assert full[3:] == resumed and full[0] != full[1]
-    train_epr.train(ctx)
-    ck = sorted((ctx.stage_dir("encoder") / "checkpoints").iterdir(), key=lambda p: int(p.name.split("_")[1]))
-    assert [p.name for p in ck][:1] == ["step_3"]
-    prog = json.loads((ck[0] / "progress.json").read_text())
-    assert (prog["epoch"], prog["step_in_epoch"]) == (0, 3)
-    final = json.loads((ctx.stage_dir("encoder") / "history.json").read_text())
-    # resume from the last checkpoint: nothing left to do, same history
-    assert train_epr.train(ctx, resume=True)["history"] == final
+# 20 training instances (24 labelled, 4 dev) in batches of 4: 5 steps per epoch, 10 in all; checkpoints
+# every 2 steps mid-epoch (2, 4, 6, 8) and at each epoch end (5, 10)
+RESUME = ("train.epochs=2", "train.checkpoint_every=2")
+
+
+def test_killed_training_resumes_mid_epoch_to_identical_weights(
+    tmp_path, tiny_task_files, minilm_dir, monkeypatch
+):
+    clean = bm25_ctx(tmp_path / "a", tiny_task_files, minilm_dir, *RESUME)
+    steps = count_steps(monkeypatch)
+    pipeline.run_stage(clean, "encoder")
+    m_clean = json.loads((clean.stage_dir("encoder") / "manifest.json").read_text())
+    assert (steps["steps"], m_clean["rows"]["steps"], m_clean["resumed_from_step"]) == (10, 10, 0)
+
+    # the script, killed with SIGKILL while writing the step-8 checkpoint (weights on disk, progress.json
+    # not): the newest complete checkpoint is step 6, in the middle of epoch 2
+    ctx = bm25_ctx(tmp_path / "b", tiny_task_files, minilm_dir, *RESUME)
+    cfg = write_cfg(ctx, tmp_path / "cfg.yaml")
+    killer = f"""
+import os, runpy, signal, sys
+import epr.train_checkpoints as ck
+real = ck.atomic_write_text
+def dying(path, text):
+    if path.name == "progress.json" and path.parent.name == "step_8":
+        os.kill(os.getpid(), signal.SIGKILL)
+    real(path, text)
+ck.atomic_write_text = dying
+sys.argv = [{str(SCRIPT)!r}, "-c", {str(cfg)!r}, "--resume"]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+    r = subprocess.run([sys.executable, "-c", killer], capture_output=True, text=True, timeout=600)
+    assert r.returncode == -signal.SIGKILL, r.stderr[-3000:]
+    out = ctx.stage_dir("encoder")
+    assert pipeline.status(ctx)["encoder"] == "missing"
+    assert sorted(p.name for p in (out / "checkpoints").glob("step_*")) == ["step_6", "step_8"]
+    assert not (out / "checkpoints" / "step_8" / "progress.json").exists()
+
+    steps["steps"] = 0
+    pipeline.run_stage(ctx, "encoder")  # the stage again, same config: resumes in-process
+    m = json.loads((out / "manifest.json").read_text())
+    assert steps["steps"] == 4  # steps 7-10 only (a restart from zero would run 10)
+    assert (m["resumed_from_step"], m["steps_run"], m["rows"]) == (6, 4, m_clean["rows"])
+    assert m["history"] == m_clean["history"]
+    assert json.loads((out / "history.json").read_text()) == m_clean["history"]
+    a, b = weights(clean.stage_dir("encoder") / "model"), weights(out / "model")
+    assert a.keys() == b.keys()
+    import torch
+
+    for name in a:
+        torch.testing.assert_close(b[name], a[name], rtol=0, atol=1e-6, msg=name)
+    assert not (out / "checkpoints").exists()
+
+
+def test_checkpoints_of_another_config_are_not_resumed(tmp_path, tiny_task_files, minilm_dir, monkeypatch):
+    ctx = bm25_ctx(tmp_path, tiny_task_files, minilm_dir, "train.epochs=1", "train.checkpoint_every=2")
+    real = train_mod.compute_loss
+    calls = {"n": 0}
+
+    def dying(*a, **k):
+        calls["n"] += 1
+        if calls["n"] == 4:
+            raise KeyboardInterrupt("killed")
+        return real(*a, **k)
+
+    monkeypatch.setattr(train_mod, "compute_loss", dying)
+    with pytest.raises(KeyboardInterrupt):
+        pipeline.run_stage(ctx, "encoder")
+    root = ctx.stage_dir("encoder") / "checkpoints"
+    assert [p.name for p in root.glob("step_*")] == ["step_2"]
+    old_fp = json.loads((root / "FINGERPRINT.json").read_text())["fingerprint"]
+    assert old_fp == pipeline.stage_fingerprint(ctx, "encoder")
+
+    other_lr = ("train.epochs=1", "train.checkpoint_every=2", "train.lr=2e-4")
+    other = bm25_ctx(tmp_path, tiny_task_files, minilm_dir, *other_lr)
+    new_fp = pipeline.stage_fingerprint(other, "encoder")
+    assert new_fp != old_fp
+    seen = []
+    steps = count_steps(monkeypatch)
+    counted = train_mod.compute_loss
+
+    def look(*a, **k):  # what the checkpoint folder holds when training starts
+        if not seen:
+            seen.append(
+                (sorted(p.name for p in root.iterdir()), json.loads((root / "FINGERPRINT.json").read_text()))
+            )
+        return counted(*a, **k)
+
+    monkeypatch.setattr(train_mod, "compute_loss", look)
+    pipeline.run_stage(other, "encoder")
+    m = json.loads((other.stage_dir("encoder") / "manifest.json").read_text())
+    assert steps["steps"] == 5 and (m["resumed_from_step"], m["steps_run"]) == (0, 5)
+    assert seen == [(["FINGERPRINT.json"], {"fingerprint": new_fp})]  # step_2 of the other config: deleted
+
+
+class FakeAccelerator:
+    is_main_process, num_processes = True, 1
+
+    def wait_for_everyone(self):
+        pass
+
+    def save_state(self, d):
+        Path(d).mkdir(parents=True)
+        (Path(d) / "model.safetensors").write_text("weights")
+
+
+def test_checkpoint_bookkeeping(tmp_path):
+    """Only complete checkpoints of this fingerprint and process count are resumed; a newer one replaces the
+    older; another fingerprint or ``fresh`` empties the folder."""
+    from epr.train_checkpoints import Checkpoints
+
+    root, acc = tmp_path / "checkpoints", FakeAccelerator()
+    ck = Checkpoints(root, "fp1", acc)
+    ck.claim()
+    assert ck.latest() is None
+    ck.save(3, {"epoch": 0, "step_in_epoch": 3})
+    ck.save(5, {"epoch": 1, "step_in_epoch": 0})
+    assert sorted(p.name for p in root.iterdir()) == ["FINGERPRINT.json", "step_5"]
+    (root / "step_9").mkdir()  # killed while saving: weights but no progress.json
+    (root / "step_9" / "model.safetensors").write_text("half")
+    (root / "step_7").mkdir()  # unreadable progress
+    (root / "step_7" / "progress.json").write_text('{"fingerp')
+    last = ck.latest()
+    assert (last.path.name, last.progress["epoch"], last.progress["fingerprint"]) == ("step_5", 1, "fp1")
+    acc.num_processes = 2  # saved by one process: not resumed by two
+    assert ck.latest() is None
+    acc.num_processes = 1
+    ck.save(9, {"epoch": 1, "step_in_epoch": 4})  # over the half-written folder: replaced, not written into
+    assert (root / "step_9" / "model.safetensors").read_text() == "weights"
+    assert sorted(p.name for p in root.iterdir()) == ["FINGERPRINT.json", "step_9"]
+    Checkpoints(root, "fp1", acc).claim()  # same fingerprint: kept
+    assert Checkpoints(root, "fp1", acc).latest().path.name == "step_9"
+    other = Checkpoints(root, "fp2", acc)
+    other.claim()  # another fingerprint: deleted
+    assert sorted(p.name for p in root.iterdir()) == ["FINGERPRINT.json"] and other.latest() is None
+    other.save(2, {"epoch": 0, "step_in_epoch": 2})
+    other.claim(fresh=True)
+    assert sorted(p.name for p in root.iterdir()) == ["FINGERPRINT.json"]
 
 
 def test_bad_labels_are_clear_errors(tmp_path):
@@ -82,11 +231,8 @@ def test_bad_labels_are_clear_errors(tmp_path):
 @pytest.mark.slow
 def test_two_process_accelerate_launch(tmp_path, tiny_task_files, minilm_dir):
     ctx = bm25_ctx(tmp_path, tiny_task_files, minilm_dir, "train.epochs=1")
-    cfg = tmp_path / "cfg.yaml"
-    import yaml
-
-    cfg.write_text(yaml.safe_dump(json.loads(json.dumps(ctx.cfg.to_dict()))))
-    r = torchrun([str(ROOT / "training" / "train_epr.py"), "-c", str(cfg)], port=29533)
+    cfg = write_cfg(ctx, tmp_path / "cfg.yaml")
+    r = torchrun([str(SCRIPT), "-c", str(cfg)], port=29533)
     assert r.returncode == 0, r.stderr[-3000:]
     m = json.loads((ctx.stage_dir("encoder") / "manifest.json").read_text())
     assert m["processes"] == 2 and m["rows"]["steps"] >= 1
