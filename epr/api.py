@@ -46,6 +46,7 @@ class Budget:
     answer_reserve: int
     max_demos: int
     tokenizer: str  # the inference LM whose tokens are counted
+    k: int = RetrieveConfig().k  # ids retrieved before fitting (the run's retrieve.k)
 
 
 class PromptRetriever:
@@ -84,11 +85,12 @@ class PromptRetriever:
         task = get_task(config_from_dict(DataConfig, ex_man["config"]["data"]))
         pool = [Example.from_json(r) for r in read_jsonl(run / "examples" / "pool.jsonl")]
         enc = DualEncoder.from_pretrained(str(model))
-        pm = read_manifest(run / "prompts")
+        pm, rm = read_manifest(run / "prompts"), read_manifest(run / "retrieve")
         budget = None
         if pm is not None:
             c = pm["config"]
-            budget = Budget(c["prompt_budget"], c["answer_reserve"], c["max_demos"], c["tokenizer"]["lm"])
+            k = rm["config"]["k"] if rm is not None else RetrieveConfig().k
+            budget = Budget(c["prompt_budget"], c["answer_reserve"], c["max_demos"], c["tokenizer"]["lm"], k)
         key = {"encoder": enc_man["fingerprint"], "pool": ex_man["fingerprint"], "factory": factory}
         cached = run / ".cache" / "index" / f"{fingerprint(key)}.faiss"
         if cached.exists():
@@ -107,9 +109,12 @@ class PromptRetriever:
             self._count = lambda s: len(tok(s, add_special_tokens=False)["input_ids"])
         return self._count(text)
 
-    def retrieve(self, query: str, k: int = 8) -> RetrievalResult:
+    def retrieve(self, query: str, k: int | None = None) -> RetrievalResult:
+        """The ``k`` best demonstrations (default: the run's ``retrieve.k``, as the prompts stage saw them) and the
+        prompt of those that fit the budget."""
         if not query.strip():
             raise ValueError("empty query")
+        k = self.budget.k if k is None else k
         q = self.encoder.encode([query], "query")
         ids, sc = search(self.index, q, k)
         keep = [j for j, i in enumerate(ids[0]) if i >= 0]

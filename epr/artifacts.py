@@ -222,12 +222,12 @@ class ChunkStore:
             return None
         try:
             d = json.loads(p.read_text(encoding="utf-8"))
-        except json.JSONDecodeError:
+            if d.get("key") != self.fp or d.get("inputs") != self.digest(inputs):
+                return None
+            return list(d["rows"])
+        except (ValueError, KeyError, TypeError, AttributeError):  # not JSON, not UTF-8, not a chunk
             log.warning("%s: unreadable chunk, recomputed", p)
             return None
-        if d.get("key") != self.fp or d.get("inputs") != self.digest(inputs):
-            return None
-        return d["rows"]
 
     def put(self, c: int, rows: list, inputs: Any = None) -> None:
         body = {"key": self.fp, "inputs": self.digest(inputs), "rows": rows}

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from epr.artifacts import fingerprint, stage_state, write_manifest
 from epr.context import Context
+from epr.rerank import parse_retriever_name
 from epr.stages import candidates, data, encoder, evaluate, labels, predict, prompts, rerank, retrieve, scores
 from epr.stages import truthfulqa as tqa
 
@@ -60,15 +61,14 @@ def _retrieve_keys(ctx: Context) -> dict:
 
 
 def _rerank_keys(ctx: Context) -> dict:
-    from epr.models import lm_identity
 
     cfg = ctx.cfg
     names = cfg.retrieve.retrievers
     keys: dict = {"retrievers": list(names), "max_demos": cfg.retrieve.max_demos}
     if any("+" in n for n in names):
         keys["ragsys"] = {"lambda_d": cfg.ragsys.lambda_d, "lambda_b": cfg.ragsys.lambda_b}
-    if any(n.endswith("+bias") for n in names):
-        keys["quality_lm"] = lm_identity(cfg.models, inference=True)
+    if any(parse_retriever_name(n)[2] for n in names):
+        keys["quality_lm"] = scores.scoring_key(cfg, inference=True)
     return keys
 
 
@@ -186,6 +186,7 @@ def run_stage(ctx: Context, name: str, force: bool = False) -> bool:
     """Run one stage if it is not fresh (its upstream must be fresh). Returns True when it ran."""
     fp = stage_fingerprint(ctx, name)
     out = ctx.stage_dir(name)
+    ctx.dist.barrier()  # every process judges freshness after the main one finished the stage before
     if not force and stage_state(out, fp) == "fresh":
         log.info("%s: fresh, skipped", name)
         return False

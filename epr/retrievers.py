@@ -12,6 +12,7 @@ log p(y_test | e, x_test), the label-generation score applied to the test exampl
 from __future__ import annotations
 
 import logging
+import zlib
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -39,13 +40,19 @@ log = logging.getLogger(__name__)
 
 
 def _drop_excluded(ids: np.ndarray, scores: np.ndarray, exclude: np.ndarray | None, k: int) -> Hits:
-    """Rows of ``ids`` (over-fetched by one) without the excluded id, cut to ``k``."""
-    if exclude is None:
-        return Hits(ids[:, :k], scores[:, :k].astype(np.float64))
-    n = min(k, ids.shape[1] - 1) if ids.shape[1] > k else min(k, ids.shape[1])
+    """Rows of ``ids`` (over-fetched by one when ``exclude`` is given) without the excluded id and without faiss's
+    ``-1`` padding (IVF / HNSW indexes may return fewer than asked), cut to ``k``."""
+    n = min(k, ids.shape[1] - (exclude is not None))
     out, sc = np.empty((ids.shape[0], n), dtype=np.int64), np.empty((ids.shape[0], n), dtype=np.float64)
     for i, (row, srow) in enumerate(zip(ids, scores)):
-        keep = (row != exclude[i]) & (row >= 0)
+        keep = row >= 0
+        if exclude is not None:
+            keep &= row != exclude[i]
+        if keep.sum() < n:
+            raise ValueError(
+                f"the index returned {int(keep.sum())} ids for query {i}, fewer than k={n}: "
+                "use a Flat index or raise its nprobe / efSearch"
+            )
         out[i], sc[i] = row[keep][:n], srow[keep][:n]
     return Hits(out, sc)
 
@@ -59,7 +66,8 @@ class RandomRetriever:
     def retrieve(self, queries, k, exclude=None):
         out = np.empty((len(queries), min(k, self.n - 1)), dtype=np.int64)
         for i, q in enumerate(queries):  # per-query draw from (seed, query idx): order-independent
-            perm = np.random.default_rng([self.seed, q.idx]).permutation(self.n)
+            key = q.idx if q.idx >= 0 else zlib.crc32(q.input.encode())  # an ad-hoc query: its text
+            perm = np.random.default_rng([self.seed, key]).permutation(self.n)
             if exclude is not None:
                 perm = perm[perm != exclude[i]]
             out[i] = perm[: out.shape[1]]

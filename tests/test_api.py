@@ -33,7 +33,7 @@ def test_api_prompt_is_the_evaluated_prompt(tmp_path, minilm_dir, tiny_lm_dir):
     rows = [json.loads(x) for x in (ctx.stage_dir("prompts") / "epr.jsonl").open()]
     assert any(0 < len(p["demo_ids"]) < 4 for p in rows)  # the budget binds somewhere
     for p in rows:
-        res = r.retrieve(ev[p["idx"]].input, k=6)
+        res = r.retrieve(ev[p["idx"]].input)  # the run's retrieve.k
         assert res.prompt == p["text"] and res.prompt_demos == len(p["demo_ids"])
 
 

@@ -135,3 +135,21 @@ def test_changed_pool_recomputes_the_quality_bias(tmp_path, minilm_dir, tiny_lm_
     assert pipeline.run(ctx2, until="rerank") == ["examples", "retrieve", "rerank"]
     q2 = np.load(ctx2.stage_dir("rerank") / "quality_bias.npy")
     assert len(q2) == len(q) - 1 and counted["quality"] > 0
+
+
+def test_inspect_shows_what_each_retriever_picks_and_the_prompt(tmp_path, minilm_dir, tiny_lm_dir):
+    import io
+
+    from epr.inspect_cmd import inspect_query
+
+    ctx = ctx_for(tmp_path, minilm_dir, tiny_lm_dir, "retrieve.retrievers=random,bm25,sbert,sbert+div+bias")
+    pipeline.run(ctx, until="examples")
+    buf = io.StringIO()
+    shown = inspect_query(ctx, "how do I reset my email", k=3, out=buf)
+    assert list(shown) == ["random", "bm25", "sbert", "sbert+div+bias"]
+    assert all(len(v) == 3 for v in shown.values())
+    assert (
+        "reset my email" in buf.getvalue().split("## bm25")[1].split("##")[0]
+    )  # BM25's best shares the words
+    assert buf.getvalue().count("prompt:") == 4 and "quality (mean log p(output | input))" in buf.getvalue()
+    assert inspect_query(ctx, "how do I reset my email", k=3, out=io.StringIO())["random"] == shown["random"]

@@ -3,7 +3,7 @@
 Writes ``<name>.jsonl`` for every name of ``retrieve.retrievers``: the first stage's ranking unchanged for a plain
 name, the MMR selection (``retrieve.max_demos`` ids) for a re-ranked one. The quality bias (``+bias``) is the mean
 token log-prob of each pool demonstration's output given its input under the inference LM, computed in resumable
-chunks keyed by that LM's identity, dtype and device.
+chunks keyed by that LM's scoring key (identity, dtype, device; in bf16 the batch layout).
 """
 
 from __future__ import annotations
@@ -24,11 +24,10 @@ def pool_quality(ctx: Context) -> np.ndarray:
     """``(len(pool),) float32`` quality bias of every pool demonstration under the inference LM (SPEC 3.2), in
     resumable chunks in the run root's cache (``.cache/quality/<key>``), shared with ``epr inspect``."""
     from epr.artifacts import fingerprint
-    from epr.models import lm_identity
-    from epr.stages.scores import build_scorer
+    from epr.stages.scores import build_scorer, scoring_key
 
     task, pool = ctx.task, ctx.examples("pool")
-    key = {"what": "quality-bias", **lm_identity(ctx.cfg.models, inference=True)}
+    key = {"what": "quality-bias", **scoring_key(ctx.cfg, inference=True)}
     chunks = ChunkStore(Path(ctx.cfg.run_root) / ".cache" / "quality" / fingerprint(key), key)
     scorer: list = []
 
