@@ -28,6 +28,7 @@ __all__ = [
     "save_npy",
     "load_npy",
     "fingerprint",
+    "file_digest",
     "write_manifest",
     "read_manifest",
     "stage_state",
@@ -132,6 +133,19 @@ def save_npy(path: str | Path, array: np.ndarray) -> None:
 
 def load_npy(path: str | Path) -> np.ndarray:
     return np.load(path, allow_pickle=False)
+
+
+def file_digest(path: str | Path) -> str | None:
+    """sha256 (16 hex digits) of a file's bytes, or None when it does not exist: a key for data that may be edited
+    in place."""
+    p = Path(path)
+    if not p.is_file():
+        return None
+    h = hashlib.sha256()
+    with open(p, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()[:16]
 
 
 def fingerprint(obj: Any) -> str:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from epr.artifacts import fingerprint, stage_state, write_manifest
+from epr.artifacts import file_digest, fingerprint, stage_state, write_manifest
 from epr.context import Context
 from epr.rerank import parse_retriever_name
 from epr.stages import candidates, data, encoder, evaluate, labels, predict, prompts, rerank, retrieve, scores
@@ -35,6 +35,14 @@ class Stage:
 
 def _const(*deps: str):
     return lambda ctx: deps
+
+
+def _examples_keys(ctx: Context) -> dict:
+    keys: dict = {"data": ctx.cfg.section("data")}
+    files = [p for p in (ctx.cfg.data.path, ctx.cfg.data.eval_path) if p]
+    if files:  # a user's own files may be edited in place: their content is part of the key
+        keys["files"] = {p: file_digest(p) for p in files}
+    return keys
 
 
 def _retrieve_deps(ctx: Context) -> tuple[str, ...]:
@@ -114,7 +122,7 @@ def _sub_run_keys(ctx: Context) -> dict:
 STAGES: dict[str, Stage] = {
     s.name: s
     for s in [
-        Stage("examples", _const(), lambda c: {"data": c.cfg.section("data")}, data.run_examples),
+        Stage("examples", _const(), _examples_keys, data.run_examples),
         Stage(
             "candidates",
             _const("examples"),

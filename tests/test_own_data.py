@@ -168,3 +168,20 @@ def test_demo_end_to_end(tmp_path, capsys):
         return text[text.index("# demo:") :].split("Done in")[0]
 
     assert "epoch 1:" not in again and table(again) == table(out)
+
+
+def test_editing_own_data_in_place_makes_the_run_stale(tmp_path, minilm_dir):
+    cfg = own_config(tmp_path, minilm_dir)
+    ctx = Context(cfg)
+    assert pipeline.run(ctx, until="candidates") == ["examples", "candidates"]
+    assert pipeline.run(Context(own_config(tmp_path, minilm_dir)), until="candidates") == []
+    rows = [*ROWS[:-1], ("how do I archive my photos", "ARCHIVE(photos)")]  # same file, one row edited
+    write_csv(tmp_path / "mine.csv", rows)
+    ctx2 = Context(cfg)  # the same config: only the file's content changed
+    assert pipeline.status(ctx2)["examples"] == "stale"
+    assert pipeline.run(ctx2, until="candidates") == ["examples", "candidates"]
+    assert (
+        "how do I archive my photos"
+        in (ctx2.stage_dir("examples") / "pool.jsonl").read_text()
+        + (ctx2.stage_dir("examples") / "eval.jsonl").read_text()
+    )

@@ -15,14 +15,21 @@ every set already scored, and a killed run resumes from its last finished chunk.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
 import numpy as np
 
 from epr import truthfulqa as tqa
-from epr.artifacts import ChunkStore, atomic_write_text, fingerprint, read_jsonl, read_manifest, write_jsonl
+from epr.artifacts import (
+    ChunkStore,
+    atomic_write_text,
+    file_digest,
+    fingerprint,
+    read_jsonl,
+    read_manifest,
+    write_jsonl,
+)
 
 __all__ = [
     "STAGE_SPECS",
@@ -42,7 +49,7 @@ QUALITY_CHUNK = 256  # D_ICL pairs per resumable chunk of quality bias
 
 def _data_key(cfg) -> dict:
     path = tqa.data_file(cfg.data.data_dir, cfg.truthfulqa.version) if cfg.data.data_dir else None
-    digest = hashlib.sha256(path.read_bytes()).hexdigest()[:16] if path and path.exists() else None
+    digest = file_digest(path) if path else None
     return {"version": cfg.truthfulqa.version, "file": str(path), "sha256": digest}
 
 
