@@ -247,14 +247,17 @@ class ChunkStore:
         body = {"key": self.fp, "inputs": self.digest(inputs), "rows": rows}
         atomic_write_text(self.path(c), json.dumps(body, ensure_ascii=False, sort_keys=True))
 
-    def map(self, items: Sequence[Any], chunk: int, fn, desc: str = "", unit: str = "item") -> list:
+    def map(self, items: Sequence[Any], chunk: int, fn, desc: str = "", unit: str = "item", bar=None) -> list:
         """``fn`` over ``items`` in chunks of ``chunk`` (each a list of JSON-able rows, one per item), reusing
-        the chunks already computed under this key from the same items; returns every row in order."""
+        the chunks already computed under this key from the same items; returns every row in order. ``bar``: a
+        caller's progress bar (one over several maps) to advance instead of a bar of this map's own."""
         from tqdm.auto import tqdm
 
         out: list = []
         chunk = max(1, chunk)
-        bar = tqdm(total=len(items), desc=desc or self.root.name, unit=unit)
+        own = bar is None
+        if own:
+            bar = tqdm(total=len(items), desc=desc or self.root.name, unit=unit)
         for c, s in enumerate(range(0, len(items), chunk)):
             part = list(items[s : s + chunk])
             rows = self.get(c, part)
@@ -265,5 +268,6 @@ class ChunkStore:
                 self.put(c, rows, part)
             out.extend(rows)
             bar.update(len(part))
-        bar.close()
+        if own:
+            bar.close()
         return out

@@ -5,11 +5,12 @@ import numpy as np
 import pytest
 
 from epr.artifacts import read_jsonl
-from epr.prefix_scoring import score_shared_prefix
+from epr.prefix_scoring import fold_prefixes, score_shared_prefix
 from epr.scoring import LMScorer
 from epr.truthfulqa import build_sets, select_context
 from epr.types import InputError
 from ragsys.metrics import dpo_triplet, mc1, mc_fraction_beating, mc_mass, question_metrics
+from tests.conftest import SHARED_DATA
 
 ROWS = [
     {
@@ -69,10 +70,13 @@ def test_shared_prefix_equals_from_scratch_and_metrics(tiny_lm):
 
     model, tok = tiny_lm
     s = LMScorer(model, tok)
-    targets = [" right 1.", " wrong 1.", " x"]
+    # " right 1" and a repeat are read off the row of " right 1." (token prefixes): still equal to scoring each
+    targets = [" right 1.", " wrong 1.", " x", " right 1", " right 1.", " wrong"]
+    ids = [tok(t, add_special_tokens=False)["input_ids"] for t in targets]
+    assert ids[0][: len(ids[3])] == ids[3] and fold_prefixes(ids)[3] == 0  # the fold is exercised
     np.testing.assert_allclose(
         score_shared_prefix(s, "Q: a?\nA: b\n\nQ: c?\nA:", targets),
-        s.score(["Q: a?\nA: b\n\nQ: c?\nA:"] * 3, targets),
+        s.score(["Q: a?\nA: b\n\nQ: c?\nA:"] * len(targets), targets),
         rtol=1e-4,
         atol=1e-4,
     )
@@ -291,3 +295,24 @@ def test_cli_is_the_pipeline_with_the_truthfulqa_config(tmp_path, tqa_data, tiny
     )
     assert main(args) == 0 and "ran: nothing (all fresh)" in capsys.readouterr().out
     assert main([*args, "--set", "truthfulqa.version=bogus"]) == 2  # a config error, named
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (SHARED_DATA / "truthfulqa").exists(), reason="../shared/data/truthfulqa not present")
+def test_real_lm_folded_answers_match_each_scored_alone_fp32():
+    """SmolLM2 fp32 on a real question: every answer with and without its period, folded into shared rows,
+    equals the plain scorer on each (prompt, answer) to 1e-4 nats."""
+    from epr.models import load_lm
+    from epr.truthfulqa import PRIMER, answer_text, answers_of, context_text, load_tqa, query_text
+
+    r = load_tqa(str(SHARED_DATA), "2021-10")[5]
+    model, tok = load_lm("smollm2", dtype="fp32")
+    s = LMScorer(model, tok)
+    prompt = context_text([], None) + query_text(r["question"])
+    targets = [answer_text(a) for a in answers_of(r)]
+    assert len(PRIMER) == 6 and len(targets) == 16
+    ids = [tok(t, add_special_tokens=False)["input_ids"] for t in targets]
+    assert len(set(fold_prefixes(ids))) == 8  # 16 answers, 8 rows run
+    np.testing.assert_allclose(
+        score_shared_prefix(s, prompt, targets), s.score([prompt] * len(targets), targets), atol=1e-4, rtol=0
+    )

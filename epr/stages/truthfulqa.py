@@ -193,6 +193,8 @@ def run_contexts(ctx, out: Path, fp: str) -> dict:
 
 
 def run_score(ctx, out: Path, fp: str) -> dict:
+    from tqdm.auto import tqdm
+
     cfg = ctx.cfg
     meta = json.loads((ctx.stage_dir("tqa_contexts") / "contexts.json").read_text(encoding="utf-8"))
     rows = tqa.load_tqa(cfg.data.data_dir, cfg.truthfulqa.version)
@@ -201,8 +203,10 @@ def run_score(ctx, out: Path, fp: str) -> dict:
     key = lp_key(cfg)
     base = _cache(cfg, "logprobs", key)
     scorer = _LazyScorer(ctx)
+    fresh = [0]
 
     def compute(part: list[dict]) -> list[list[float]]:
+        fresh[0] += len(part)
         return [tqa.score_prompt(scorer(), it["prompt"], it["targets"]) for it in part]
 
     for f in out.glob("*.lp.jsonl"):  # sets of an earlier configuration
@@ -215,21 +219,30 @@ def run_score(ctx, out: Path, fp: str) -> dict:
         demos = s["demos"] or [None] * len(subset)
         todo.append((s["name"], [tqa.context_text(data.icl, d) for d in demos]))
     # a set whose prompts equal an earlier one's (sweep-0.75 is rel+div+bias) reuses its scores
-    done: dict[str, list] = {}
+    work = {}
     for name, contexts in todo:
         items = [{"prompt": c + queries[qi], "targets": targets[qi]} for qi, c in zip(subset, contexts)]
-        digest = ChunkStore.digest(items)
-        if digest not in done:
-            store = ChunkStore(base / name, key)
-            done[digest] = store.map(items, cfg.truthfulqa.chunk_size, compute, desc=name, unit="q")
+        work.setdefault(ChunkStore.digest(items), (name, items))
+    done: dict[str, list] = {}
+    bar = tqdm(total=sum(len(items) for _, items in work.values()), desc="tqa_score", unit="q")
+    for digest, (name, items) in work.items():
+        bar.set_postfix_str(name)
+        done[digest] = ChunkStore(base / name, key).map(items, cfg.truthfulqa.chunk_size, compute, bar=bar)
+    bar.close()
+    for name, contexts in todo:
+        items = [{"prompt": c + queries[qi], "targets": targets[qi]} for qi, c in zip(subset, contexts)]
         write_jsonl(
             out / f"{name}.lp.jsonl",
-            [{"qi": qi, "lp": dict(zip(answers[qi], lp))} for qi, lp in zip(subset, done[digest])],
+            [
+                {"qi": qi, "lp": dict(zip(answers[qi], lp))}
+                for qi, lp in zip(subset, done[ChunkStore.digest(items)])
+            ],
         )
     return {
-        "rows": {"questions": len(subset), "sets": len(todo), "distinct_sets": len(done)},
+        "rows": {"questions": len(subset), "sets": len(todo), "distinct_sets": len(done),
+                 "prompts_scored_now": fresh[0]},
         "extra": {"loaded_lm": scorer.scorer is not None},
-    }
+    }  # fmt: skip
 
 
 # ---- tqa_report -----------------------------------------------------------------------------------------------------
