@@ -12,7 +12,17 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["METRICS", "FINDINGS", "boot_indices", "ratio_ci", "metric_ci", "paired_ci", "verdict", "findings"]
+__all__ = [
+    "METRICS",
+    "FINDINGS",
+    "boot_indices",
+    "ratio_ci",
+    "metric_ci",
+    "paired_ci",
+    "interaction_ci",
+    "verdict",
+    "findings",
+]
 
 METRICS = ("dpo", "mc1", "paper_mc2", "paper_mc3")
 
@@ -90,3 +100,19 @@ def findings(per_q: dict[str, list[dict]], idx: np.ndarray, metrics: Sequence[st
                  "verdict": {m: verdict(v[1], v[2], sign) for m, v in diffs.items()}}
             )  # fmt: skip
     return out
+
+
+def interaction_ci(
+    lm1: tuple[Sequence[dict], Sequence[dict]],
+    lm2: tuple[Sequence[dict], Sequence[dict]],
+    metric: str,
+    idx: np.ndarray,
+) -> tuple[float, float, float]:
+    """How much more ``a - b`` gains under one LM than under another, ``(a1 - b1) - (a2 - b2)``, paired by question
+    (both LMs scored the same questions): whether an effect differs between LMs, with its interval."""
+    (a1, b1), (a2, b2) = lm1, lm2
+    if not [r["qi"] for r in a1] == [r["qi"] for r in b1] == [r["qi"] for r in a2] == [r["qi"] for r in b2]:
+        raise ValueError("interaction rows must be the same questions in the same order")
+    key = "dpo_sum" if metric == "dpo" else metric
+    num = [w[key] - x[key] - (y[key] - z[key]) for w, x, y, z in zip(a1, b1, a2, b2)]
+    return ratio_ci(num, [r["dpo_n"] for r in a1] if metric == "dpo" else None, idx)

@@ -51,3 +51,56 @@ def test_verdicts_and_findings():
     f = ts.findings(per_q, ts.boot_indices(30))
     assert [(x["a"], x["b"]) for x in f] == [("rel", "fix")]  # only comparisons whose variants ran
     assert f[0]["verdict"]["mc1"] == "reproduces" and f[0]["diff"]["dpo"][0] == pytest.approx(0.5)
+
+
+def _run_dir(tmp_path, name, bias_shift):
+    """A tqa_report folder of one LM: rel+div+bias = rel+div shifted by ``bias_shift`` nats per question."""
+    import json
+
+    from epr.artifacts import write_jsonl
+
+    rng = np.random.default_rng(0)
+    base = _rows(rng.normal(-2, 1, 60).tolist(), [3] * 60, rng.integers(0, 2, 60).tolist())
+    sets = {
+        "fix": base,
+        "rel+div": base,
+        "rel+div+bias": [dict(r, dpo_sum=r["dpo_sum"] + bias_shift) for r in base],
+    }
+    d = tmp_path / name
+    d.mkdir()
+    info = {
+        "version": "2021-10",
+        "lm": name,
+        "dtype": "fp32",
+        "device": "cpu",
+        "machine": "test",
+        "seconds": {},
+    }
+    idx = ts.boot_indices(60)
+    variants = {v: {m: list(ts.metric_ci(rs, m, idx)) for m in ts.METRICS} for v, rs in sets.items()}
+    (d / "results.json").write_text(json.dumps({"info": info, "variants": variants}))
+    write_jsonl(d / "per_question.jsonl", [dict(r, set=v) for v, rs in sets.items() for r in rs])
+    return d
+
+
+def test_findings_across_lms_name_a_bias_that_helps_one_and_hurts_the_other(tmp_path):
+    from epr.truthfulqa_findings import main
+
+    a, b, c = (
+        _run_dir(tmp_path, "lm-a", +0.6),
+        _run_dir(tmp_path, "lm-b", -0.6),
+        _run_dir(tmp_path, "lm-c", +0.3),
+    )
+    assert main([str(a), str(b), "--out", str(tmp_path / "f.md")]) == 0
+    md = (tmp_path / "f.md").read_text()
+    row = next(ln for ln in md.splitlines() if ln.startswith("| rel+div+bias - rel+div: lm-a"))
+    assert (
+        "+0.4000 [+0.4000, +0.4000] reproduces (helps one, hurts the other)" in row
+    )  # (0.6 - -0.6) / 3 triplets
+    main([str(a), str(c), "--out", str(tmp_path / "g.md")])
+    row = next(
+        ln
+        for ln in (tmp_path / "g.md").read_text().splitlines()
+        if ln.startswith("| rel+div+bias - rel+div: lm-a")
+    )
+    assert "differs between the LMs, not in sign" in row
