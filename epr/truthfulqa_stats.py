@@ -61,6 +61,8 @@ def metric_ci(rows: Sequence[dict], metric: str, idx: np.ndarray) -> tuple[float
     """One variant's metric over its per-question rows (``question_row``), with its interval."""
     if metric == "dpo":
         return ratio_ci([r["dpo_sum"] for r in rows], [r["dpo_n"] for r in rows], idx)
+    if metric == "dpo_q":  # each question's sum over its triplets, averaged over questions
+        return ratio_ci([r["dpo_sum"] for r in rows], None, idx)
     return ratio_ci([r[metric] for r in rows], None, idx)
 
 

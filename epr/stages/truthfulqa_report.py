@@ -30,7 +30,7 @@ SHORT = {"dpo": "DPO", "mc1": "MC1", "paper_mc2": "paper-MC2", "paper_mc3": "pap
 
 
 def report_keys(ctx) -> dict:
-    return {"bootstrap": {"n_boot": N_BOOT, "seed": BOOT_SEED}, "paper": fingerprint(tqa.PAPER), "v": 2}
+    return {"bootstrap": {"n_boot": N_BOOT, "seed": BOOT_SEED}, "paper": fingerprint(tqa.PAPER), "v": 4}
 
 
 def _fmt(v, digits: int = 3) -> str:
@@ -60,8 +60,12 @@ def _notes(info: dict) -> list[str]:
         "Naming: paper-MC2 = official MC3 (fraction of true answers above every false one); paper-MC3 = official "
         "MC2 (normalised true-answer probability mass), the number lm-evaluation-harness reports as "
         "truthfulqa_mc2; MC1 is its truthfulqa_mc1. DPO: mean over triplets of log sigma(log-ratio of the correct "
-        "answer minus that of the incorrect one, context vs no context), in nats; the paper's DPO column is on "
-        "another scale (see the README's TruthfulQA section), compare orderings, not values.",
+        "answer minus that of the incorrect one, context vs no context), in nats, as SPEC 3.5 defines it; no "
+        f"context at all scores log sigma(0) = -0.693. DPO per question: each question's sum over its triplets, "
+        f"averaged over questions ({info['dpo_here'] / max(info['questions'], 1):.1f} triplets per question here, "
+        f"so no context scores {-0.6931 * info['dpo_here'] / max(info['questions'], 1):.2f}): the scale the "
+        "paper's DPO column appears to use (-12 to -34); we could not confirm its aggregation from its text. "
+        "Compare orderings with the paper, not values.",
         f"95% bootstrap intervals over questions ({N_BOOT} resamples) in brackets. Paper: SPEC 3.6 (DPO, MC1, "
         "paper-MC2, paper-MC3).",
     ]
@@ -73,16 +77,17 @@ def results_table(res: dict, info: dict):
     rows, csv_rows = [], []
     for v, s in res.items():
         cos = "" if s["mean_pairwise_cosine"] is None else f"{s['mean_pairwise_cosine']:.3f}"
-        rows.append([v, *(_fmt(s[m], 4 if m == "dpo" else 3) for m in ts.METRICS), cos, *_paper(v)])
-        csv_rows.append(
-            [v, *(f"{x:.6f}" for m in ts.METRICS for x in s[m]), s["questions"], s["dpo_triplets"], cos]
-        )
+        rows.append([v, *(_fmt(s[m], 4 if m == "dpo" else 3) for m in ts.METRICS), _fmt(s["dpo_q"], 2), cos,
+                     *_paper(v)])  # fmt: skip
+        csv_rows.append([v, *(f"{x:.6f}" for m in (*ts.METRICS, "dpo_q") for x in s[m]), s["questions"],
+                         s["dpo_triplets"], cos])  # fmt: skip
     return Table(
         title=f"{_head(info)}: the six RAGSys variants",
         notes=_notes(info),
-        columns=["variant", *(NAMES[m] for m in ts.METRICS), "mean pairwise cos", *(f"paper {m}" for m in tqa.PAPER)],
+        columns=["variant", *(NAMES[m] for m in ts.METRICS), "DPO per question (paper scale?)", "mean pairwise cos",
+                 *(f"paper {m}" for m in tqa.PAPER)],
         rows=rows,
-        csv_columns=["variant", *(f"{m}{s}" for m in ts.METRICS for s in ("", "_ci_low", "_ci_high")),
+        csv_columns=["variant", *(f"{m}{s}" for m in (*ts.METRICS, "dpo_q") for s in ("", "_ci_low", "_ci_high")),
                      "questions", "dpo_triplets", "mean_pairwise_cosine"],
         csv_rows=csv_rows,
     )  # fmt: skip
@@ -206,7 +211,7 @@ def run_report(ctx, out: Path, fp: str) -> dict:
              **tqa.question_row(rows[qi], lp[qi], empty[qi], triplets.get(qi, []))}
             for qi, d in zip(meta["subset"], demos)
         ]  # fmt: skip
-        summ = {m: list(ts.metric_ci(per_q[s["name"]], m, idx)) for m in ts.METRICS}
+        summ = {m: list(ts.metric_ci(per_q[s["name"]], m, idx)) for m in (*ts.METRICS, "dpo_q")}
         plain = tqa.summarise(per_q[s["name"]])  # the point values, and the official names
         summ.update({k: plain[k] for k in ("official_mc2", "official_mc3")})
         summ.update(questions=plain["questions"], dpo_triplets=plain["dpo_triplets"],
