@@ -12,6 +12,7 @@ budget rules, counted in the inference LM's tokens): the API's ready prompt is t
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from epr.artifacts import fingerprint, read_jsonl, read_manifest
-from epr.config import DataConfig, RetrieveConfig, config_from_dict
+from epr.config import DataConfig, RagsysConfig, RetrieveConfig, config_from_dict
 from epr.encoder import DualEncoder
 from epr.index import build_index, load_index, save_index, search
 from epr.prompts import build_prompt
@@ -61,8 +62,14 @@ class PromptRetriever:
         factory: str = "Flat",
         budget: Budget | None = None,
         count: Callable[[str], int] | None = None,
+        ragsys: dict | None = None,
+        quality: np.ndarray | None = None,
     ):
         self.encoder, self.pool, self.task = encoder, pool, task
+        self.ragsys = dict(ragsys) if ragsys is not None else dataclasses.asdict(RagsysConfig())
+        self.quality = (
+            quality  # the pool's RAGSys quality bias under the run's inference LM, where it has one
+        )
         if index is None:
             index = build_index(
                 encoder.encode([demo_text(task, e) for e in pool], "prompt", progress=True), factory
@@ -91,13 +98,33 @@ class PromptRetriever:
             c = pm["config"]
             k = rm["config"]["k"] if rm is not None else RetrieveConfig().k
             budget = Budget(c["prompt_budget"], c["answer_reserve"], c["max_demos"], c["tokenizer"]["lm"], k)
+        rr = read_manifest(run / "rerank")
+        ragsys = rr["config"].get("ragsys") if rr is not None else None
+        qf = run / "rerank" / "quality_bias.npy"
+        extra = {"budget": budget, "ragsys": ragsys, "quality": np.load(qf) if qf.exists() and rr else None}
         key = {"encoder": enc_man["fingerprint"], "pool": ex_man["fingerprint"], "factory": factory}
         cached = run / ".cache" / "index" / f"{fingerprint(key)}.faiss"
         if cached.exists():
-            return cls(enc, pool, task, load_index(cached), budget=budget)
-        r = cls(enc, pool, task, factory=factory, budget=budget)
+            return cls(enc, pool, task, load_index(cached), **extra)
+        r = cls(enc, pool, task, factory=factory, **extra)
         save_index(r.index, cached)
         return r
+
+    def save_pretrained(
+        self, out: str | Path, card: str | None = None, run: str | Path | None = None
+    ) -> Path:
+        """A self-contained folder (encoder, pool, faiss index, prompt rules, tokenizer, RAGSys settings and
+        quality bias, model card) that :meth:`from_pretrained` loads with no run folder or config."""
+        from epr import shipping
+
+        return shipping.save(self, out, card, run)
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path) -> PromptRetriever:
+        """Load a folder written by :meth:`save_pretrained` / ``epr export``."""
+        from epr import shipping
+
+        return shipping.load(path)
 
     def count(self, text: str) -> int:
         if self._count is None:

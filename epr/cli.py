@@ -48,6 +48,10 @@ def build_parser() -> argparse.ArgumentParser:
     i = sub.add_parser("inspect", parents=[common], help="show what each retriever picks for one query")
     i.add_argument("query")
     i.add_argument("-k", type=int, default=5)
+    e = sub.add_parser(
+        "export", parents=[common], help="write the run's trained retriever as a shippable folder"
+    )
+    e.add_argument("out", help="folder to write (PromptRetriever.from_pretrained loads it)")
     sub.add_parser(
         "demo",
         parents=[common],
@@ -66,7 +70,7 @@ def context_from_args(args: argparse.Namespace):
     from epr.config import load_config
     from epr.context import Context, Dist
 
-    paths = args.config or ([DEMO_CONFIG] if args.cmd in ("demo", "inspect") else [])
+    paths = args.config or ([DEMO_CONFIG] if args.cmd in ("demo", "inspect", "export") else [])
     return Context(load_config(paths, args.set), Dist.from_env())
 
 
@@ -113,6 +117,12 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.cmd == "demo":
             return run_demo(ctx)
+        if args.cmd == "export":
+            from epr.api import PromptRetriever
+
+            out = PromptRetriever.from_run(ctx.cfg.run_dir).save_pretrained(args.out, run=ctx.cfg.run_dir)
+            sys.stdout.write(f"wrote {out} (PromptRetriever.from_pretrained({str(out)!r}))\n")
+            return 0
         if args.cmd == "inspect":
             from epr.inspect_cmd import inspect_query
 

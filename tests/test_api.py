@@ -55,3 +55,42 @@ def test_api_index_cache_follows_the_encoder(tmp_path, minilm_dir):
     q2 = r2.encoder.encode(["how do I reset my email"], "query")
     np.testing.assert_allclose(search(r2.index, q2, 5)[1], search(fresh.index, q2, 5)[1], rtol=1e-5)
     assert not np.allclose(search(r2.index, q2, 5)[1], search(first.index, q2, 5)[1])
+
+
+def test_shipped_retriever_loads_in_a_fresh_process_without_its_run(tmp_path, minilm_dir, tiny_lm_dir):
+    import shutil
+    import subprocess
+    import sys
+
+    (tmp_path / "run").mkdir()
+    ctx = Context(
+        own_config(tmp_path / "run", minilm_dir, f"models.lm={tiny_lm_dir}", "generate.max_new_tokens=2",
+                   "retrieve.retrievers=[epr, epr+div+bias]", "retrieve.k=6", "retrieve.max_demos=4",
+                   "retrieve.prompt_budget=40", "ragsys.lambda_d=0.5")
+    )  # fmt: skip
+    pipeline.run(ctx, until="prompts")
+    r = PromptRetriever.from_run(ctx.cfg.run_dir)
+    assert r.quality is not None and r.ragsys["lambda_d"] == 0.5  # the run's RAGSys settings and quality bias
+    queries = [e.input for e in ctx.examples("eval")]
+    want = [r.retrieve(q) for q in queries]
+    out = r.save_pretrained(tmp_path / "shipped", run=ctx.cfg.run_dir)
+    card = (out / "README.md").read_text()
+    assert "Dev metrics per epoch" in card and "task `jsonl`" in card and "lambda_d = 0.5" in card
+    shutil.rmtree(tmp_path / "run")  # no run folder, no config, no data files: the shipped folder alone
+    code = (
+        "import json, sys\n"
+        "from epr.api import PromptRetriever\n"
+        "r = PromptRetriever.from_pretrained(sys.argv[1])\n"
+        "qs = json.loads(sys.stdin.read())\n"
+        "res = [r.retrieve(q) for q in qs]\n"
+        "print(json.dumps({'res': [[x.prompt, [d.idx for d in x.demos], x.scores] for x in res],\n"
+        "                  'q': r.quality.tolist(), 'ragsys': r.ragsys}))\n"
+    )
+    p = subprocess.run([sys.executable, "-c", code, str(out)], input=json.dumps(queries), capture_output=True,
+                       text=True, check=True)  # fmt: skip
+    got = json.loads(p.stdout.strip().splitlines()[-1])
+    for w, (prompt, ids, scores) in zip(want, got["res"]):
+        assert prompt == w.prompt and ids == [d.idx for d in w.demos]
+        np.testing.assert_allclose(scores, w.scores, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got["q"], r.quality, rtol=0, atol=0)
+    assert got["ragsys"] == r.ragsys

@@ -1,0 +1,192 @@
+"""A retriever you can ship: ``PromptRetriever.save_pretrained(dir)`` / ``PromptRetriever.from_pretrained(dir)``.
+
+The folder holds everything retrieval needs and nothing of the run that made it, so it loads with no run folder,
+no config and no model package:
+
+    retriever.json      what the folder holds (format, task, prompt rules, RAGSys settings, where it came from)
+    encoder/            both towers (or the one shared tower) and their tokenizer (``DualEncoder.save_pretrained``)
+    pool.jsonl          the demonstrations, in index order
+    index.faiss         their prompt-tower embeddings
+    tokenizer/          the inference LM's tokenizer, which counts the prompt budget
+    quality_bias.npy    the pool's RAGSys quality bias under the run's inference LM (when the run computed it)
+    README.md           a model card: data, LM, loss, training and dev metrics, the run's comparison table
+
+``epr export RUN_DIR OUT_DIR`` writes one from a run.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from epr.artifacts import atomic_write_text, read_jsonl, read_manifest, write_jsonl
+from epr.types import Example, InputError
+
+if TYPE_CHECKING:
+    from epr.api import PromptRetriever
+
+__all__ = ["FORMAT", "save", "load", "model_card"]
+
+FORMAT = "epr-retriever/1"
+
+
+def save(r: PromptRetriever, out: str | Path, card: str | None = None, run: str | Path | None = None) -> Path:
+    """Write ``r`` into ``out`` (replaced whole, atomically: a half-written folder is never left under the name).
+    ``run``: the run folder it came from, for the model card (its training and comparison) and provenance."""
+    from transformers import AutoTokenizer
+
+    from epr.index import save_index
+    from epr.models import resolve_lm
+
+    out = Path(out)
+    tmp = out.with_name(f".{out.name}.partial")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    r.encoder.save_pretrained(tmp / "encoder")
+    write_jsonl(tmp / "pool.jsonl", [e.to_json() for e in r.pool])
+    save_index(r.index, tmp / "index.faiss")
+    tok_dir = Path(r.budget.tokenizer)
+    tok = AutoTokenizer.from_pretrained(str(tok_dir) if tok_dir.is_dir() else resolve_lm(r.budget.tokenizer))
+    tok.save_pretrained(tmp / "tokenizer")
+    if r.quality is not None:
+        np.save(tmp / "quality_bias.npy", np.asarray(r.quality, dtype=np.float32))
+    b = r.budget
+    meta = {
+        "format": FORMAT,
+        "task": _task_config(r.task),
+        "budget": {"prompt_budget": b.prompt_budget, "answer_reserve": b.answer_reserve, "max_demos": b.max_demos,
+                   "k": b.k, "tokenizer_name": b.tokenizer},
+        "ragsys": dict(r.ragsys),
+        "pool_size": len(r.pool),
+        "quality_bias": r.quality is not None,
+        "source": _source(Path(run)) if run is not None else {},
+    }  # fmt: skip
+    atomic_write_text(tmp / "retriever.json", json.dumps(meta, indent=2) + "\n")
+    if card is None:
+        card = run_card(Path(run), meta) if run is not None else model_card(meta, {})
+    atomic_write_text(tmp / "README.md", card)
+    if out.exists():
+        shutil.rmtree(out)
+    tmp.rename(out)
+    return out
+
+
+def _source(run: Path) -> dict:
+    fps = {st: (read_manifest(run / st) or {}).get("fingerprint") for st in ("examples", "labels", "encoder")}
+    return {"run": str(run), "fingerprints": fps}
+
+
+def _task_config(task) -> dict:
+    import dataclasses
+
+    return dataclasses.asdict(task.cfg)
+
+
+def load(path: str | Path) -> PromptRetriever:
+    from transformers import AutoTokenizer
+
+    from epr.api import Budget, PromptRetriever
+    from epr.config import DataConfig, config_from_dict
+    from epr.encoder import DualEncoder
+    from epr.index import load_index
+    from epr.tasks import get_task
+
+    path = Path(path)
+    f = path / "retriever.json"
+    if not f.exists():
+        raise FileNotFoundError(
+            f"{path}: not a shipped retriever (no retriever.json; write one with `epr export`)"
+        )
+    meta = json.loads(f.read_text(encoding="utf-8"))
+    if meta.get("format") != FORMAT:
+        raise InputError(f"{f}: format {meta.get('format')!r}; this epr reads {FORMAT!r}")
+    task = get_task(config_from_dict(DataConfig, meta["task"], where=str(f)))
+    pool = [Example.from_json(x) for x in read_jsonl(path / "pool.jsonl")]
+    index = load_index(path / "index.faiss")
+    if index.ntotal != len(pool):
+        raise InputError(f"{path}: index.faiss holds {index.ntotal} vectors for {len(pool)} pool rows")
+    b = meta["budget"]
+    tok = AutoTokenizer.from_pretrained(str(path / "tokenizer"))
+    budget = Budget(b["prompt_budget"], b["answer_reserve"], b["max_demos"], str(path / "tokenizer"), b["k"])
+    quality = np.load(path / "quality_bias.npy") if meta.get("quality_bias") else None
+    return PromptRetriever(
+        DualEncoder.from_pretrained(str(path / "encoder")), pool, task, index, budget=budget,
+        count=lambda s: len(tok(s, add_special_tokens=False)["input_ids"]), ragsys=meta["ragsys"], quality=quality,
+    )  # fmt: skip
+
+
+def model_card(meta: dict, run: dict) -> str:
+    """README.md of a shipped retriever: what it was trained on, with which LM and loss, how it did."""
+    t, b, rs = meta["task"], meta["budget"], meta["ragsys"]
+    lines = [
+        "---",
+        "library_name: epr",
+        "tags: [in-context-learning, prompt-retrieval, dense-retrieval, epr]",
+        "---",
+        "",
+        f"# EPR prompt retriever: `{t.get('task')}`",
+        "",
+        "A dual encoder trained with [epr](https://github.com/) (Rubin et al. 2022, *Learning To Retrieve Prompts for "
+        "In-Context Learning*) to pick the training examples to put in a language model's prompt, with its "
+        "demonstration pool and faiss index.",
+        "",
+        "```python",
+        "from epr.api import PromptRetriever",
+        "r = PromptRetriever.from_pretrained('path/to/this/folder')",
+        "print(r.retrieve('your query').prompt)",
+        "```",
+        "",
+        "## Training",
+        "",
+        f"- Data: task `{t.get('task')}`, {meta['pool_size']} demonstrations in the pool"
+        + (f" (from `{t.get('path')}`)" if t.get("path") else "")
+        + ".",
+    ]
+    for k, v in run.items():
+        lines.append(f"- {k}: {v}")
+    lines += [
+        f"- Prompt rules: {b['prompt_budget']} tokens of `{b['tokenizer_name']}` ({b['answer_reserve']} kept for the "
+        f"answer), at most {b['max_demos']} demonstrations, the best right before the query; k = {b['k']}.",
+        f"- RAGSys re-ranking: k = {rs.get('k')}, lambda_d = {rs.get('lambda_d')}, lambda_b = {rs.get('lambda_b')}; "
+        f"quality bias {'included' if meta['quality_bias'] else 'not computed by the run'}.",
+        "",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def run_card(run: Path, meta: dict) -> str:
+    """The model card of a run's retriever: base encoder, loss, the scoring LM, the training history (dev metrics
+    per epoch) and the run's comparison table when it has one."""
+    enc = (read_manifest(run / "encoder") or {}).get("config", {})
+    sc = (read_manifest(run / "scores") or {}).get("config", {})
+    info = {}
+    if enc:
+        t = enc.get("train", {})
+        info["Base encoder"] = f"`{enc.get('encoder')}`"
+        info["Loss"] = (
+            f"`{t.get('loss')}`, {t.get('epochs')} epochs, batch {t.get('batch_size')}, lr {t.get('lr')}"
+        )
+    if sc:
+        info["Labels scored by"] = f"`{json.dumps(sc.get('lm', sc.get('models', sc)), sort_keys=True)[:200]}`"
+    card = model_card(meta, info)
+    hist = run / "encoder" / "history.json"
+    if hist.exists():
+        h = json.loads(hist.read_text(encoding="utf-8"))
+        if isinstance(h, list) and h:
+            cols = [k for k in h[0] if k != "epoch"]
+            card += "\n## Dev metrics per epoch (epoch 0: the untrained encoder)\n\n"
+            card += "| epoch | " + " | ".join(cols) + " |\n|" + "---|" * (len(cols) + 1) + "\n"
+            for row in h:
+                cells = [
+                    f"{row.get(c):.4g}" if isinstance(row.get(c), float) else str(row.get(c)) for c in cols
+                ]
+                card += f"| {row.get('epoch')} | " + " | ".join(cells) + " |\n"
+    res = run / "evaluate" / "results.md"
+    if res.exists():
+        card += "\n## The run's comparison\n\n" + res.read_text(encoding="utf-8").replace("# ", "### ", 1)
+    return card
