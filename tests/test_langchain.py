@@ -1,0 +1,96 @@
+"""The LangChain adapters with the real langchain-core: the selector inside FewShotPromptTemplate picks what the
+retriever picks, RAGSys's lambdas pass through, add_example needs no retraining, and the Embeddings are the towers."""
+
+import numpy as np
+import pytest
+
+pytest.importorskip("langchain_core")
+
+from langchain_core.prompts import FewShotPromptTemplate, PromptTemplate  # noqa: E402
+from langchain_core.vectorstores import InMemoryVectorStore  # noqa: E402
+
+from epr import pipeline  # noqa: E402
+from epr.api import PromptRetriever  # noqa: E402
+from epr.context import Context  # noqa: E402
+from epr.integrations.langchain import EPREmbeddings, EPRExampleSelector  # noqa: E402
+
+from .test_own_data import own_config  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def shipped(tmp_path_factory, minilm_dir, tiny_lm_dir):
+    tmp = tmp_path_factory.mktemp("lc")
+    ctx = Context(
+        own_config(tmp, minilm_dir, f"models.lm={tiny_lm_dir}", "retrieve.retrievers=[epr+div+bias]")
+    )
+    pipeline.run(ctx, until="rerank")
+    out = PromptRetriever.from_run(ctx.cfg.run_dir).save_pretrained(tmp / "shipped")
+    return out, [e.input for e in ctx.examples("eval")]
+
+
+def test_selector_in_a_few_shot_prompt_is_the_retrievers_choice(shipped):
+    path, queries = shipped
+    r = PromptRetriever.from_pretrained(path)
+    sel = EPRExampleSelector(r, k=3)
+    prompt = FewShotPromptTemplate(
+        example_selector=sel,
+        example_prompt=PromptTemplate.from_template("{input} => {output}"),
+        suffix="{input} =>",
+        input_variables=["input"],
+    )
+    for q in queries[:4]:
+        want = r.retrieve(q, k=3).demos  # best first
+        text = prompt.format(input=q)
+        assert text == "\n\n".join([f"{d.input} => {d.output}" for d in want[::-1]] + [f"{q} =>"])
+    best_first = EPRExampleSelector(r, k=3, order="best_first").select_examples({"input": queries[0]})
+    assert [e["input"] for e in best_first] == [d.input for d in r.retrieve(queries[0], k=3).demos]
+
+
+def test_ragsys_lambdas_pass_through(shipped):
+    from ragsys import mmr_select
+
+    path, queries = shipped
+    r = PromptRetriever.from_pretrained(path)
+    assert r.quality is not None
+    sel = EPRExampleSelector(r, k=4, lambda_d=0.3, lambda_b=0.5, shortlist=len(r.pool))
+    q = queries[0]
+    emb = np.stack([r.index.reconstruct(i) for i in range(len(r.pool))])
+    qe = r.encoder.encode([q], "query")[0]
+    from epr.index import search
+
+    order = search(r.index, qe[None], len(r.pool))[0][0]  # the shortlist: every demo, best first
+    want = order[mmr_select(qe, emb[order], r.quality[order], 4, 0.3, 0.5)].tolist()
+    assert sel.select_ids(q) == want
+    assert sel.select_ids(q) != EPRExampleSelector(r, k=4).select_ids(q)  # the lambdas change the choice
+    with pytest.raises(ValueError, match="quality bias"):
+        r.quality = None
+        EPRExampleSelector(r, lambda_b=0.5)
+
+
+def test_add_example_is_retrievable_without_retraining(shipped):
+    import asyncio
+
+    path, _ = shipped
+    r = PromptRetriever.from_pretrained(path)
+    sel = EPRExampleSelector(r, k=1)
+    n = len(r.pool)
+    new = {"input": "zebra xylophone quantum banana", "output": "a brand new demonstration"}
+    assert asyncio.run(sel.aadd_example(new)) == str(n)
+    assert len(r.pool) == n + 1 and r.index.ntotal == n + 1 and len(r.quality) == n + 1
+    got = asyncio.run(sel.aselect_examples({"input": new["input"]}))
+    assert got == [new]  # its own input finds it (the query and demonstration towers are initialised alike)
+
+
+def test_embeddings_are_the_two_towers_in_a_vector_store(shipped):
+    path, queries = shipped
+    r = PromptRetriever.from_pretrained(path)
+    emb = EPREmbeddings(r)
+    docs = [emb.document({"input": e.input, "output": e.output}) for e in r.pool]
+    np.testing.assert_allclose(emb.embed_documents(docs[:3]), r.encoder.encode(docs[:3], "prompt"), rtol=1e-5)
+    np.testing.assert_allclose(
+        emb.embed_query(queries[0]), r.encoder.encode(queries[:1], "query")[0], rtol=1e-5
+    )
+    store = InMemoryVectorStore(embedding=emb)
+    store.add_texts(docs, ids=[str(e.idx) for e in r.pool])
+    hits = store.similarity_search(queries[0], k=len(docs))
+    assert {h.id for h in hits} == {str(e.idx) for e in r.pool}
