@@ -24,7 +24,11 @@ def shipped(tmp_path_factory, minilm_dir, tiny_lm_dir):
         own_config(tmp, minilm_dir, f"models.lm={tiny_lm_dir}", "retrieve.retrievers=[epr+div+bias]")
     )
     pipeline.run(ctx, until="rerank")
-    out = PromptRetriever.from_run(ctx.cfg.run_dir).save_pretrained(tmp / "shipped")
+    from epr.cli import main  # `epr export`, as the README runs it
+
+    out = tmp / "shipped"
+    assert main(["export", "--set", f"run_root={tmp}", "--set", "name=mine", str(out)]) == 0
+    assert "Dev metrics per epoch" in (out / "README.md").read_text()
     return out, [e.input for e in ctx.examples("eval")]
 
 
@@ -94,3 +98,20 @@ def test_embeddings_are_the_two_towers_in_a_vector_store(shipped):
     store.add_texts(docs, ids=[str(e.idx) for e in r.pool])
     hits = store.similarity_search(queries[0], k=len(docs))
     assert {h.id for h in hits} == {str(e.idx) for e in r.pool}
+
+
+def test_readme_snippet_runs(shipped, capsys):
+    """The README's "Use it in your stack" LangChain snippet, run as written on a shipped retriever."""
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme.split("## Use it in your stack", 1)[1].split("\n## ", 1)[0]
+    code = re.findall(r"```python\n(.*?)```", section, re.S)
+    assert len(code) == 1 and "EPRExampleSelector" in code[0]
+    path, queries = shipped
+    exec(code[0].replace('"my-retriever"', repr(str(path))), {})
+    out = capsys.readouterr().out
+    assert (
+        out.endswith("wake me up at 7 tomorrow\t\n") and out.count("\n\n") == 4
+    )  # 4 examples, then the query
