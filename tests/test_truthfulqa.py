@@ -243,10 +243,12 @@ def test_stages_recompute_on_version_and_lm_and_reuse_on_sweep(tmp_path, tqa_dat
     assert again["variants"] == res["variants"]
     out = ctx.stage_dir("tqa_report")
     sweep = json.loads((out / "sweep.json").read_text())["sweep"]
-    assert [s["lambda_d"] for s in sweep] == [0.75, 0.0]
+    assert [s["lambda_d"] for s in sweep] == [0.0, 0.75]  # in order of lambda_d, each paired with the next
     assert (
-        sweep[0]["dpo"] == res["variants"]["rel+div+bias"]["dpo"] and (out / "sweep.png").stat().st_size > 0
+        sweep[1]["dpo"] == res["variants"]["rel+div+bias"]["dpo"] and (out / "sweep.png").stat().st_size > 0
     )
+    assert sweep[0]["dpo_minus_next"][0] == pytest.approx(sweep[0]["dpo"][0] - sweep[1]["dpo"][0])
+    assert sweep[1]["dpo_minus_next"] is None
 
     # another data version with as many questions: everything is rescored, the report shows the v0 rows
     ctx = _ctx(tmp_path, tqa_data, tiny_lm_dir, "truthfulqa.version=v0")

@@ -30,7 +30,7 @@ SHORT = {"dpo": "DPO", "mc1": "MC1", "paper_mc2": "paper-MC2", "paper_mc3": "pap
 
 
 def report_keys(ctx) -> dict:
-    return {"bootstrap": {"n_boot": N_BOOT, "seed": BOOT_SEED}, "paper": fingerprint(tqa.PAPER), "v": 4}
+    return {"bootstrap": {"n_boot": N_BOOT, "seed": BOOT_SEED}, "paper": fingerprint(tqa.PAPER), "v": 5}
 
 
 def _fmt(v, digits: int = 3) -> str:
@@ -134,11 +134,13 @@ def sweep_table(sweep: list[dict], info: dict):
 
     return Table(
         title=f"{_head(info)}: lambda_d sweep (rel+div+bias, lambda_b={info['lambda_b']}, k={info['k']})",
-        notes=["lambda_d = 1 is rel+bias (no diversity); 95% bootstrap intervals over questions."],
-        columns=["lambda_d", "mean pairwise cosine", *(SHORT[m] for m in ts.METRICS)],
+        notes=["lambda_d = 1 is rel+bias (no diversity); 95% bootstrap intervals over questions. Last column: "
+               "this row's DPO minus the next row's, paired by question (an interval excluding 0: a real step)."],
+        columns=["lambda_d", "mean pairwise cosine", *(SHORT[m] for m in ts.METRICS), "Δ DPO vs next lambda_d"],
         rows=[
             [f"{s['lambda_d']:g}", "" if s["cosine"] is None else f"{s['cosine']:.3f}",
-             *(_fmt(s[m], 4 if m == "dpo" else 3) for m in ts.METRICS)]
+             *(_fmt(s[m], 4 if m == "dpo" else 3) for m in ts.METRICS),
+             "" if s["dpo_minus_next"] is None else _diff(s["dpo_minus_next"], 4)]
             for s in sweep
         ],
     )  # fmt: skip
@@ -226,11 +228,13 @@ def run_report(ctx, out: Path, fp: str) -> dict:
         "seconds": seconds, "prompts_scored": score_manifest.get("rows", {}),
     }  # fmt: skip
     variants = {s["name"]: summaries[s["name"]] for s in meta["sets"] if s["kind"] == "variant"}
+    sweep_sets = sorted((s for s in meta["sets"] if s["kind"] == "sweep"), key=lambda s: s["lambda_d"])
     sweep = [
-        {"lambda_d": s["lambda_d"], "cosine": s["mean_pairwise_cosine"], **summaries[s["name"]]}
-        for s in meta["sets"]
-        if s["kind"] == "sweep"
-    ]
+        {"lambda_d": s["lambda_d"], "cosine": s["mean_pairwise_cosine"], **summaries[s["name"]],
+         # paired with the next larger lambda_d: is the curve's every step separable from 0?
+         "dpo_minus_next": list(ts.paired_ci(per_q[s["name"]], per_q[n["name"]], "dpo", idx)) if n else None}
+        for s, n in zip(sweep_sets, [*sweep_sets[1:], None])
+    ]  # fmt: skip
     vnames = [n for n in variants]
     paired = [
         {"a": a, "b": b, "diff": {m: list(ts.paired_ci(per_q[a], per_q[b], m, idx)) for m in ts.METRICS}}
