@@ -5,11 +5,12 @@
 # Every stage is cached and resumable: rerun this after a kill and it continues where it stopped.
 set -e
 SWEEP=0,0.25,0.5,0.75,1
+GEMMA_SWEEP=${GEMMA_SWEEP-}   # empty: no sweep for Gemma (the committed run; 30% more time); e.g. GEMMA_SWEEP=$SWEEP
 OUT=results/truthfulqa
 epr truthfulqa --set name=tqa-smollm2-fp32 --set truthfulqa.sweep=$SWEEP
 epr truthfulqa --set name=tqa-smollm2-fp32-v0-fix --set truthfulqa.version=v0 --set truthfulqa.variants=fix
 EPR_ACCEPT_GEMMA_TERMS=1 epr truthfulqa -c configs/truthfulqa-gemma.yaml --set name=tqa-gemma-bf16 \
-    --set models.dtype=bf16 --set truthfulqa.sweep=$SWEEP
+    --set models.dtype=bf16 --set "truthfulqa.sweep=[$GEMMA_SWEEP]"
 for run in smollm2-fp32 smollm2-fp32-v0-fix gemma-bf16; do
     rm -rf "$OUT/$run" && mkdir -p "$OUT/$run"
     cp runs/tqa-$run/tqa_report/*.md runs/tqa-$run/tqa_report/*.json runs/tqa-$run/tqa_report/*.csv \
