@@ -5,7 +5,7 @@
 # Every stage is cached and resumable: rerun this after a kill and it continues where it stopped.
 set -e
 SWEEP=0,0.25,0.5,0.75,1
-GEMMA_SWEEP=${GEMMA_SWEEP-}   # empty: no sweep for Gemma (the committed run; 30% more time); e.g. GEMMA_SWEEP=$SWEEP
+GEMMA_SWEEP=${GEMMA_SWEEP-$SWEEP}   # GEMMA_SWEEP= (empty): no sweep for Gemma, 30% less time
 OUT=results/truthfulqa
 epr truthfulqa --set name=tqa-smollm2-fp32 --set truthfulqa.sweep=$SWEEP
 epr truthfulqa --set name=tqa-smollm2-fp32-v0-fix --set truthfulqa.version=v0 --set truthfulqa.variants=fix
