@@ -19,7 +19,7 @@ from epr.artifacts import atomic_write_text, read_jsonl
 
 __all__ = ["load_run", "summary", "main"]
 
-SHORT = {"dpo": "DPO", "mc1": "MC1", "paper_mc2": "paper-MC2", "paper_mc3": "paper-MC3"}
+SHORT = ts.SHORT
 
 
 def load_run(d: Path) -> dict:
@@ -33,9 +33,7 @@ def load_run(d: Path) -> dict:
 
 
 def _cell(v, dpo: bool, diff: bool = False) -> str:
-    d = 4 if dpo else 3
-    f = f"+.{d}f" if diff else f".{d}f"
-    return f"{v[0]:{f}} [{v[1]:{f}}, {v[2]:{f}}]"
+    return ts.fmt_ci(v, 4 if dpo else 3, signed=diff)
 
 
 def _label(run: dict) -> str:

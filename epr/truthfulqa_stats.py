@@ -25,6 +25,7 @@ __all__ = [
 ]
 
 METRICS = ("dpo", "mc1", "paper_mc2", "paper_mc3")
+SHORT = {"dpo": "DPO", "mc1": "MC1", "paper_mc2": "paper-MC2", "paper_mc3": "paper-MC3"}
 
 # The paper's three findings (SPEC 3.6), each as comparisons (a - b) and the direction the paper reports.
 # The third is about two LMs: per LM the sign of the bias's effect, and whether it differs between the LMs.
@@ -34,6 +35,12 @@ FINDINGS = (
     ("the quality bias helps one LM and hurts the other",
      (("rel+div+bias", "rel+div"), ("rel+bias", "rel"), ("bias", "fix")), 0),
 )  # fmt: skip
+
+
+def fmt_ci(v: Sequence[float], digits: int = 3, signed: bool = False) -> str:
+    """``value [low, high]`` of a ``(value, low, high)`` triple; ``signed``: with a sign, for differences."""
+    f = f"{'+' if signed else ''}.{digits}f"
+    return f"{v[0]:{f}} [{v[1]:{f}}, {v[2]:{f}}]"
 
 
 def boot_indices(n: int, n_boot: int = 1000, seed: int = 0) -> np.ndarray:

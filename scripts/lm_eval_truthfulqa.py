@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -50,19 +51,13 @@ def run_lm_eval(lm_eval: Path, model_dir: str, tasks: Path, limit: int, out: Pat
         cmd += ["--limit", str(limit)]
     print("$", " ".join(cmd), flush=True)
     t = time.time()
-    subprocess.run(cmd, check=True, env={"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", **_env()})
+    subprocess.run(cmd, check=True, env={**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})
     print(f"lm-eval took {time.time() - t:.0f} s", flush=True)
     samples = {}
     for task in ("mc1", "mc2"):
         f = sorted((out / "lm-eval-output").rglob(f"samples_truthfulqa_{task}_local_*.jsonl"))[-1]
         samples[task] = [json.loads(ln) for ln in f.read_text().splitlines() if ln.strip()]
     return samples
-
-
-def _env() -> dict:
-    import os
-
-    return dict(os.environ)
 
 
 def main() -> int:
@@ -95,16 +90,14 @@ def main() -> int:
     ours = [tqa.score_question(scorer, rows[i], tqa.context_text([], None)) for i in range(n)]
     ours_s = time.time() - t
     diffs, per_q = [], []
+    lm = {"mc1": [], "mc2": []}
+    me = {"mc1": [], "mc2": []}
     for task, key in (("mc1", "mc1_targets"), ("mc2", "mc2_targets")):
         for s in sorted(samples[task], key=lambda x: x["doc_id"]):
             i = s["doc_id"]
             theirs = [float(r[0]) for r in s["filtered_resps"]]
             mine = [ours[i][c] for c in rows[i][key]["choices"]]
             diffs += [abs(a - b) for a, b in zip(theirs, mine)]
-    lm = {"mc1": [], "mc2": []}
-    me = {"mc1": [], "mc2": []}
-    for task in ("mc1", "mc2"):
-        for s in sorted(samples[task], key=lambda x: x["doc_id"]):
             lm[task].append(float(s["acc"]))
     for i in range(n):
         r = rows[i]

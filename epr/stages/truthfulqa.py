@@ -212,25 +212,22 @@ def run_score(ctx, out: Path, fp: str) -> dict:
         demos = s["demos"] or [None] * len(subset)
         todo.append((s["name"], [tqa.context_text(data.icl, d) for d in demos]))
     # a set whose prompts equal an earlier one's (sweep-0.75 is rel+div+bias) reuses its scores
-    work = {}
+    work, digest_of = {}, {}
     for name, contexts in todo:
         items = [{"prompt": c + queries[qi], "targets": targets[qi]} for qi, c in zip(subset, contexts)]
-        work.setdefault(ChunkStore.digest(items), (name, items))
+        digest_of[name] = ChunkStore.digest(items)
+        work.setdefault(digest_of[name], (name, items))
     done: dict[str, list] = {}
     bar = tqdm(total=sum(len(items) for _, items in work.values()), desc="tqa_score", unit="q")
     for digest, (name, items) in work.items():
         bar.set_postfix_str(name)
         done[digest] = ChunkStore(base / name, key).map(items, cfg.truthfulqa.chunk_size, compute, bar=bar)
     bar.close()
-    for name, contexts in todo:
-        items = [{"prompt": c + queries[qi], "targets": targets[qi]} for qi, c in zip(subset, contexts)]
-        write_jsonl(
-            out / f"{name}.lp.jsonl",
-            [
-                {"qi": qi, "lp": dict(zip(answers[qi], lp))}
-                for qi, lp in zip(subset, done[ChunkStore.digest(items)])
-            ],
-        )
+    for name, _ in todo:
+        rows_out = [
+            {"qi": qi, "lp": dict(zip(answers[qi], lp))} for qi, lp in zip(subset, done[digest_of[name]])
+        ]
+        write_jsonl(out / f"{name}.lp.jsonl", rows_out)
     return {
         "rows": {"questions": len(subset), "sets": len(todo), "distinct_sets": len(done),
                  "prompts_scored_now": fresh[0]},

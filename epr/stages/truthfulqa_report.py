@@ -26,7 +26,7 @@ NAMES = {
     "paper_mc2": "paper-MC2 (= official MC3)",
     "paper_mc3": "paper-MC3 (= official MC2 = lm-eval truthfulqa_mc2)",
 }
-SHORT = {"dpo": "DPO", "mc1": "MC1", "paper_mc2": "paper-MC2", "paper_mc3": "paper-MC3"}
+SHORT = ts.SHORT
 
 
 def report_keys(ctx) -> dict:
@@ -34,13 +34,11 @@ def report_keys(ctx) -> dict:
 
 
 def _fmt(v, digits: int = 3) -> str:
-    x, lo, hi = v
-    return f"{x:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]"
+    return ts.fmt_ci(v, digits)
 
 
 def _diff(v, digits: int = 3) -> str:
-    x, lo, hi = v
-    return f"{x:+.{digits}f} [{lo:+.{digits}f}, {hi:+.{digits}f}]"
+    return ts.fmt_ci(v, digits, signed=True)
 
 
 def _paper(v: str) -> list[str]:
@@ -235,7 +233,7 @@ def run_report(ctx, out: Path, fp: str) -> dict:
          "dpo_minus_next": list(ts.paired_ci(per_q[s["name"]], per_q[n["name"]], "dpo", idx)) if n else None}
         for s, n in zip(sweep_sets, [*sweep_sets[1:], None])
     ]  # fmt: skip
-    vnames = [n for n in variants]
+    vnames = list(variants)
     paired = [
         {"a": a, "b": b, "diff": {m: list(ts.paired_ci(per_q[a], per_q[b], m, idx)) for m in ts.METRICS}}
         for b in ("fix", "rel")
