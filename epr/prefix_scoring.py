@@ -36,8 +36,11 @@ def fold_prefixes(seqs: Sequence[Sequence[int]]) -> list[int]:
 
 
 @torch.inference_mode()
-def score_shared_prefix(scorer: LMScorer, prefix: str, targets: Sequence[str]) -> np.ndarray:
-    """``(n,) float64`` summed log-probs of each target after ``prefix``; equals ``scorer.score([prefix]*n, targets)``."""
+def score_shared_prefix(
+    scorer: LMScorer, prefix: str, targets: Sequence[str], fold: bool = True
+) -> np.ndarray:
+    """``(n,) float64`` summed log-probs of each target after ``prefix``; equals ``scorer.score([prefix]*n, targets)``.
+    ``fold=False`` runs every target as its own row (the baseline of ``benchmarks.truthfulqa``)."""
     model, tok = scorer.model, scorer.tok
     p = tok(prefix, add_special_tokens=True)["input_ids"] or [scorer._start]
     t_ids = [tok(t, add_special_tokens=False)["input_ids"] for t in targets]
@@ -47,7 +50,7 @@ def score_shared_prefix(scorer: LMScorer, prefix: str, targets: Sequence[str]) -
         raise ValueError(
             f"prefix of {len(p)} tokens plus the longest target exceed the context of {scorer.max_length}"
         )
-    owner = fold_prefixes(t_ids)
+    owner = fold_prefixes(t_ids) if fold else list(range(len(t_ids)))
     run = sorted(set(owner))  # the rows that run, by target index
     row_of = {t: i for i, t in enumerate(run)}
     dev = scorer.device
