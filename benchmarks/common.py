@@ -27,3 +27,25 @@ def save(name: str, raw: dict, markdown: str) -> None:
     (RESULTS / f"{name}.json").write_text(json.dumps(raw, indent=2) + "\n")
     (RESULTS / f"{name}.md").write_text(markdown)
     print(markdown)
+
+
+def mtop_sequences(data_dir: str, queries: int, L: int, seed: int = 0):
+    """One chunk of the scores stage labelling MTOP's whole pool with prefix sharing on: BM25 over outputs proposes
+    ``L`` candidates per pool example, queries in the stage's chunk order (by output), a seeded run of ``queries``
+    consecutive ones. Returns (contexts, targets, demonstrations), ``queries * L`` of each."""
+    import numpy as np
+
+    from epr.config import DataConfig
+    from epr.stages.candidates import mine
+    from epr.tasks import get_task
+
+    task = get_task(DataConfig(task="mtop", data_dir=data_dir))
+    pool, _ = task.load()
+    ranks = mine(pool, np.arange(len(pool)), L, "output", "bm25s", progress=False)
+    ranks.sort(key=lambda r: (pool[r.qid].output, r.qid))
+    start = int(np.random.default_rng(seed).integers(0, len(ranks) - queries))
+    ranks = ranks[start : start + queries]
+    ctxs = [task.format_demo(pool[c]) + task.format_query(pool[r.qid].input) for r in ranks for c in r.ids]
+    tgts = [task.format_target(pool[r.qid].output) for r in ranks for _ in r.ids]
+    demos = [task.format_demo(pool[c]) for r in ranks for c in r.ids]
+    return ctxs, tgts, demos

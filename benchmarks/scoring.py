@@ -22,12 +22,9 @@ import time
 import numpy as np
 import torch
 
-from benchmarks.common import describe, machine, matmul_tflops, save
-from epr.config import DataConfig
+from benchmarks.common import describe, machine, matmul_tflops, mtop_sequences, save
 from epr.models import load_lm
 from epr.scoring import LMScorer, reference_score
-from epr.stages.candidates import mine
-from epr.tasks import get_task
 
 
 def main() -> None:
@@ -41,15 +38,7 @@ def main() -> None:
     ap.add_argument("--tag", default="")
     a = ap.parse_args()
 
-    task = get_task(DataConfig(task="mtop", data_dir=a.data_dir))
-    pool, _ = task.load()
-    ranks = mine(pool, np.arange(len(pool)), a.L, "output", "bm25s", progress=False)
-    ranks.sort(key=lambda r: (pool[r.qid].output, r.qid))  # the scores stage's prefix-sharing chunk order
-    start = int(np.random.default_rng(0).integers(0, len(ranks) - a.queries))
-    ranks = ranks[start : start + a.queries]
-    ctxs = [task.format_demo(pool[c]) + task.format_query(pool[r.qid].input) for r in ranks for c in r.ids]
-    tgts = [task.format_target(pool[r.qid].output) for r in ranks for _ in r.ids]
-    demos = [task.format_demo(pool[c]) for r in ranks for c in r.ids]
+    ctxs, tgts, demos = mtop_sequences(a.data_dir, a.queries, a.L)
 
     m32, tok = load_lm("smollm2", dtype="fp32")
     mbf, _ = load_lm("smollm2", dtype=a.dtype)

@@ -159,6 +159,44 @@ class PromptRetriever:
         )
         return RetrievalResult(demos, [float(sc[0][j]) for j in keep], p.text, len(p.demo_ids))
 
+    def select(
+        self,
+        query: str,
+        k: int = 4,
+        lambda_d: float = 1.0,
+        lambda_b: float = 1.0,
+        shortlist: int = 50,
+    ) -> list[int]:
+        """Pool ids of ``k`` demonstrations for ``query``, best first: EPR's top-k by inner product when
+        ``lambda_d`` = ``lambda_b`` = 1; otherwise the ``shortlist`` best re-ranked by RAGSys (Algorithm 1, SPEC 3.1:
+        ``lambda_d`` relevance vs diversity, ``lambda_b`` relevance vs the pool's quality bias). The LangChain and
+        dspy adapters select through this."""
+        from ragsys import mmr_select
+
+        if lambda_b != 1.0 and self.quality is None:
+            raise ValueError("lambda_b < 1 needs the pool's quality bias; this retriever has none")
+        q = self.encoder.encode([query], "query")
+        if lambda_d == 1.0 and lambda_b == 1.0:
+            ids, _ = search(self.index, q, k)
+            return [int(i) for i in ids[0] if i >= 0]
+        ids, _ = search(self.index, q, max(shortlist, k))
+        cand = np.array([int(i) for i in ids[0] if i >= 0])
+        emb = np.stack([self.index.reconstruct(int(i)) for i in cand])
+        quality = None if self.quality is None else np.asarray(self.quality)[cand]
+        pick = mmr_select(q[0], emb, quality, min(k, len(cand)), lambda_d, lambda_b)
+        return cand[pick].tolist()
+
+    def add(self, input: str, output: str) -> int:
+        """Encode a new demonstration with the demonstration tower and add it to the pool and the index (no
+        retraining); returns its pool id. Its quality bias, where the pool has them, is the pool's mean (scoring
+        it would need the LM)."""
+        ex = Example(len(self.pool), str(input), str(output), {})
+        self.index.add(self.encoder.encode([demo_text(self.task, ex)], "prompt"))
+        self.pool.append(ex)
+        if self.quality is not None:
+            self.quality = np.append(np.asarray(self.quality), np.float32(np.mean(self.quality)))
+        return ex.idx
+
     def scores_for(self, query: str, ids) -> np.ndarray:
         q = self.encoder.encode([query], "query")[0]
         p = self.encoder.encode([demo_text(self.task, self.pool[i]) for i in ids], "prompt")

@@ -60,6 +60,12 @@ def build_parser() -> argparse.ArgumentParser:
     from epr import truthfulqa_cli
 
     truthfulqa_cli.add_parser(sub)
+    sub.add_parser(
+        "serve",
+        help="llama.cpp's OpenAI-compatible server for a packaged GGUF LM, with correct prompt log-probs "
+        "(epr serve --help)",
+        add_help=False,
+    )
     return p
 
 
@@ -96,6 +102,12 @@ def run_demo(ctx) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["serve"]:  # its own options (epr/llamacpp_server.py)
+        from epr import llamacpp_server
+
+        llamacpp_server.main(argv[1:])
+        return 0
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=args.log_level.upper(),

@@ -25,6 +25,7 @@ __all__ = [
     "GenerateConfig",
     "RagsysConfig",
     "TruthfulQAConfig",
+    "ServerConfig",
     "load_config",
     "config_from_dict",
 ]
@@ -183,6 +184,41 @@ class TruthfulQAConfig:
 
 
 @dataclass(frozen=True)
+class ServerConfig:
+    """An LM behind an OpenAI-compatible server (vLLM, llama.cpp, a provider's API: ``epr/served.py``). With
+    ``base_url`` set, scoring, the quality bias, TruthfulQA and generation go to the server; the local tokenizer of
+    ``models.lm`` / ``models.inference_lm`` (or ``tokenizer``) turns texts into the token ids that are sent, so the
+    scored tokens are exactly those of the in-process scorer."""
+
+    base_url: str | None = None  # e.g. http://localhost:8000/v1; None: the LM runs in-process
+    model: str | None = None  # the served scoring LM's name; None: the only model the server lists
+    inference_model: str | None = None  # the served inference LM; None: ``model``
+    tokenizer: str | None = (
+        None  # local tokenizer matching the served model; None: models.lm's (inference_lm's)
+    )
+    api_key_env: str = (
+        "OPENAI_API_KEY"  # the environment variable that holds the API key (unset: no key sent)
+    )
+    concurrency: int = 4  # requests in flight at once
+    max_retries: int = (
+        5  # per request, on 429 / 5xx / a refused or dropped connection, with exponential backoff
+    )
+    backoff_s: float = 1.0  # first retry's wait; doubles each retry (a Retry-After header wins)
+    timeout_s: float = 300.0  # per request
+    max_length: int | None = (
+        None  # the served context window in tokens; None: the server's, else the model config's
+    )
+
+    def __post_init__(self):
+        if self.concurrency < 1 or self.max_retries < 0 or self.backoff_s < 0 or self.timeout_s <= 0:
+            raise ValueError(
+                "config server: concurrency must be >= 1, max_retries >= 0, backoff_s >= 0, timeout_s > 0"
+            )
+        if self.base_url is not None and not self.base_url.startswith(("http://", "https://")):
+            raise ValueError(f"config server.base_url={self.base_url!r}: expected http(s)://host:port/v1")
+
+
+@dataclass(frozen=True)
 class ExperimentConfig:
     name: str = "demo"
     run_root: str = "runs"
@@ -197,6 +233,7 @@ class ExperimentConfig:
     generate: GenerateConfig = field(default_factory=GenerateConfig)
     ragsys: RagsysConfig = field(default_factory=RagsysConfig)
     truthfulqa: TruthfulQAConfig = field(default_factory=TruthfulQAConfig)
+    server: ServerConfig = field(default_factory=ServerConfig)
 
     @property
     def run_dir(self) -> Path:

@@ -29,6 +29,7 @@ __all__ = [
     "load_encoder",
     "lm_name",
     "lm_identity",
+    "lm_key",
     "default_device",
     "pick_dtype",
     "PACKAGED",
@@ -246,6 +247,20 @@ def lm_identity(models, inference: bool = False, device: str | None = None) -> d
         **model_identity(lm_name(models, inference)),
         "dtype": "bf16" if dt == torch.bfloat16 else "fp32",
         "device": torch.device(device).type,
+    }
+
+
+def lm_key(cfg, inference: bool = False, device: str | None = None) -> dict:
+    """What names the LM a run's scores and generations come from: :func:`lm_identity` in-process, or, with
+    ``server.base_url`` set, the server, the served model's name and the local tokenizer that makes the token ids."""
+    sc = cfg.server
+    if not sc.base_url:
+        return lm_identity(cfg.models, inference, device)
+    served = (sc.inference_model or sc.model) if inference else sc.model
+    return {
+        "server": sc.base_url.rstrip("/"),
+        "served_model": served or "<the only model listed>",
+        "tokenizer": model_identity(sc.tokenizer or lm_name(cfg.models, inference)),
     }
 
 

@@ -93,12 +93,12 @@ def _prompts_keys(ctx: Context) -> dict:
 
 
 def _predict_keys(ctx: Context) -> dict:
-    from epr.models import lm_identity
+    from epr.models import lm_key
 
     cfg = ctx.cfg
     return {
         "generate": cfg.section("generate"),
-        "lm": lm_identity(cfg.models, inference=True),
+        "lm": lm_key(cfg, inference=True),
         "gold_logprob": scores.scoring_key(cfg, inference=True),
     }
 

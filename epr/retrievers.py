@@ -131,24 +131,10 @@ class LMOracleRetriever:
         self.first = BM25Retriever(pool, "output", backend, oracle=True)
 
     def _scores(self, ctx: list[str], tgt: list[str]) -> np.ndarray:
-        s = np.full(len(ctx), -np.inf)  # a candidate too long for the LM's context ranks last
-        known = self.cache.get(ctx, tgt) if self.cache is not None else [None] * len(ctx)
-        todo = [i for i, v in enumerate(known) if v is None]
-        for i, v in enumerate(known):
-            if v is not None:
-                s[i] = v
-        if todo:
-            pairs = self.scorer.encode([ctx[i] for i in todo], [tgt[i] for i in todo])
-            long = set(self.scorer.too_long(pairs))
-            ok = [j for j in range(len(todo)) if j not in long]
-            vals = np.round(self.scorer.score_ids([pairs[j] for j in ok]), 4) if ok else []
-            for j, v in zip(ok, vals):
-                s[todo[j]] = v
-            if self.cache is not None and ok:
-                self.cache.put(
-                    [ctx[todo[j]] for j in ok], [tgt[todo[j]] for j in ok], list(vals), "lm-oracle"
-                )
-        return s
+        from epr.score_cache import cached_scores
+
+        s = cached_scores(self.scorer, self.cache, ctx, tgt, "lm-oracle")
+        return np.where(np.isnan(s), -np.inf, s)  # a candidate too long for the LM's context ranks last
 
     def retrieve(self, queries, k, exclude=None):
         from tqdm.auto import tqdm
@@ -222,4 +208,8 @@ def build_scorer_from_cfg(cfg):
     from epr.models import load_lm_for
     from epr.stages.scores import scorer_for
 
+    if cfg.server.base_url:
+        from epr.served import scorer_for_config
+
+        return scorer_for_config(cfg)
     return scorer_for(cfg, *load_lm_for(cfg.models))

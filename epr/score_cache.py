@@ -19,7 +19,7 @@ from pathlib import Path
 
 from epr.artifacts import atomic_write_text, fingerprint
 
-__all__ = ["ScoreCache", "pair_key"]
+__all__ = ["ScoreCache", "pair_key", "cached_scores"]
 
 log = logging.getLogger(__name__)
 
@@ -68,3 +68,26 @@ class ScoreCache:
         atomic_write_text(f, json.dumps(new, sort_keys=True))
         self._seen.add(f.name)
         self._mem.update(new)
+
+
+def cached_scores(scorer, cache: ScoreCache | None, contexts: list[str], targets: list[str], name: str):
+    """``(n,) float64`` log p(target | context) from ``cache`` where it has them, else from ``scorer`` (added to
+    the cache under ``name``); NaN for a pair longer than the LM's context."""
+    import numpy as np
+
+    known = cache.get(contexts, targets) if cache is not None else [None] * len(contexts)
+    out = np.array([np.nan if v is None else v for v in known], dtype=np.float64)
+    todo = [i for i, v in enumerate(known) if v is None]
+    if not todo:
+        return out
+    pairs = scorer.encode([contexts[i] for i in todo], [targets[i] for i in todo])
+    long = set(scorer.too_long(pairs))
+    ok = [j for j in range(len(todo)) if j not in long]
+    if not ok:
+        return out
+    c_ok, t_ok = [contexts[todo[j]] for j in ok], [targets[todo[j]] for j in ok]
+    vals = np.round(scorer.score_pairs(c_ok, t_ok, [pairs[j] for j in ok]), 4)
+    out[[todo[j] for j in ok]] = vals
+    if cache is not None:
+        cache.put(c_ok, t_ok, list(vals), name)
+    return out

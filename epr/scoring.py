@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-__all__ = ["LMScorer", "SequenceTooLong", "make_batches", "reference_score"]
+__all__ = ["LMScorer", "TokenScorer", "SequenceTooLong", "make_batches", "reference_score"]
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +50,73 @@ def make_batches(lengths: Sequence[int], batch_tokens: int) -> list[list[int]]:
     return batches
 
 
-class LMScorer:
+class TokenScorer:
+    """What every scorer shares: the tokenisation of (context, target) pairs and the context-window check. Subclasses
+    implement ``score_ids(pairs)``; :class:`LMScorer` runs the LM in-process, ``epr.served.ServerScorer`` asks an
+    OpenAI-compatible server. Both score the same token ids."""
+
+    tok = None
+    max_length: int = 2048
+    prefix_share: bool = False
+
+    def _start_token(self) -> int:
+        # a target needs a predecessor token: an empty context gets BOS (or EOS when there is none)
+        tok = self.tok
+        return tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
+
+    # -- tokenisation ---------------------------------------------------------------------------
+    def encode(self, contexts: Sequence[str], targets: Sequence[str]) -> list[tuple[list[int], list[int]]]:
+        if len(contexts) != len(targets):
+            raise ValueError(f"{len(contexts)} contexts but {len(targets)} targets")
+        ctx = self.tok(list(contexts), add_special_tokens=True)["input_ids"]
+        tgt = self.tok(list(targets), add_special_tokens=False)["input_ids"]
+        out = []
+        start = self._start_token()
+        for i, (c, t) in enumerate(zip(ctx, tgt)):
+            if not t:
+                raise ValueError(f"pair {i}: the target {targets[i]!r} has no tokens")
+            out.append((c or [start], t))
+        return out
+
+    def too_long(self, pairs: Sequence[tuple[list[int], list[int]]]) -> list[int]:
+        return [i for i, (c, t) in enumerate(pairs) if len(c) + len(t) > self.max_length]
+
+    def _check_fits(self, pairs: Sequence[tuple[list[int], list[int]]]) -> None:
+        long = self.too_long(pairs)
+        if long:
+            i = long[0]
+            raise SequenceTooLong(
+                f"{len(long)} sequence(s) exceed the model context of {self.max_length} tokens "
+                f"(first: pair {i}, {len(pairs[i][0])}+{len(pairs[i][1])} tokens)"
+            )
+
+    def score(self, contexts: Sequence[str], targets: Sequence[str]) -> np.ndarray:
+        """``(n,) float64`` summed log-probs of each target's tokens."""
+        return self.score_pairs(contexts, targets, self.encode(contexts, targets))
+
+    def score_pairs(
+        self, contexts: Sequence[str], targets: Sequence[str], pairs: Sequence[tuple[list[int], list[int]]]
+    ) -> np.ndarray:
+        """:meth:`score` where the caller has ``pairs = encode(contexts, targets)`` already (an in-process scorer
+        runs the ids, a server the texts)."""
+        return self.score_ids(pairs)
+
+    def score_ids(self, pairs: Sequence[tuple[list[int], list[int]]]) -> np.ndarray:
+        raise NotImplementedError
+
+    def score_prefixed(
+        self,
+        prefixes: Sequence[str],
+        contexts: Sequence[str],
+        targets: Sequence[str],
+        pairs: Sequence[tuple[list[int], list[int]]] | None = None,
+    ) -> np.ndarray:
+        """:meth:`score` for contexts that start with ``prefixes`` (a scorer that can share their work overrides
+        this)."""
+        return self.score_pairs(contexts, targets, self.encode(contexts, targets) if pairs is None else pairs)
+
+
+class LMScorer(TokenScorer):
     """Score targets after contexts with a causal LM (any ``AutoModelForCausalLM``)."""
 
     def __init__(
@@ -71,8 +137,7 @@ class LMScorer:
         self.prefix_share = prefix_share
         self.max_length = max_length or getattr(model.config, "max_position_embeddings", 2048)
         self.device = next(model.parameters()).device
-        # a target needs a predecessor token: an empty context gets BOS (or EOS when there is none)
-        self._start = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+        self._start = self._start_token()
         # the lean forward of epr.fastlm where it reproduces the model, else the transformers forward
         self.backbone = None
         if forward == "fast":
@@ -84,36 +149,7 @@ class LMScorer:
         if compile:  # fuses the element-wise work; pays a one-off compile (minutes on 2 cores)
             self.backbone = torch.compile(self.backbone, dynamic=True)
 
-    # -- tokenisation ---------------------------------------------------------------------------
-    def encode(self, contexts: Sequence[str], targets: Sequence[str]) -> list[tuple[list[int], list[int]]]:
-        if len(contexts) != len(targets):
-            raise ValueError(f"{len(contexts)} contexts but {len(targets)} targets")
-        ctx = self.tok(list(contexts), add_special_tokens=True)["input_ids"]
-        tgt = self.tok(list(targets), add_special_tokens=False)["input_ids"]
-        out = []
-        for i, (c, t) in enumerate(zip(ctx, tgt)):
-            if not t:
-                raise ValueError(f"pair {i}: the target {targets[i]!r} has no tokens")
-            out.append((c or [self._start], t))
-        return out
-
-    def too_long(self, pairs: Sequence[tuple[list[int], list[int]]]) -> list[int]:
-        return [i for i, (c, t) in enumerate(pairs) if len(c) + len(t) > self.max_length]
-
-    def _check_fits(self, pairs: Sequence[tuple[list[int], list[int]]]) -> None:
-        long = self.too_long(pairs)
-        if long:
-            i = long[0]
-            raise SequenceTooLong(
-                f"{len(long)} sequence(s) exceed the model context of {self.max_length} tokens "
-                f"(first: pair {i}, {len(pairs[i][0])}+{len(pairs[i][1])} tokens)"
-            )
-
     # -- scoring --------------------------------------------------------------------------------
-    def score(self, contexts: Sequence[str], targets: Sequence[str]) -> np.ndarray:
-        """``(n,) float64`` summed log-probs of each target's tokens."""
-        return self.score_ids(self.encode(contexts, targets))
-
     def score_ids(self, pairs: Sequence[tuple[list[int], list[int]]]) -> np.ndarray:
         self._check_fits(pairs)
         items = [_Item(i, c + t, len(c)) for i, (c, t) in enumerate(pairs)]
@@ -131,7 +167,7 @@ class LMScorer:
         targets: Sequence[str],
         pairs: Sequence[tuple[list[int], list[int]]] | None = None,
     ) -> np.ndarray:
-        """Like :meth:`LMScorer.score` for ``contexts[i] = prefixes[i] + ...``, computing each distinct prefix's
+        """Like :meth:`TokenScorer.score` for ``contexts[i] = prefixes[i] + ...``, computing each distinct prefix's
         key/value cache once for all the sequences that start with it (EPR's label scoring: a demonstration followed by
         many ``[x][y]``). Token ids are exactly those of the plain scorer: a pair whose tokenisation does not start with
         its prefix's tokens (a merge across the seam) is split after its first token instead. Equal to the plain scorer

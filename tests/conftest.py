@@ -93,3 +93,25 @@ def torchrun(args: list[str], port: int, env: dict | None = None, timeout: int =
         timeout=timeout,
         env={**os.environ, "ACCELERATE_USE_CPU": "1", **(env or {})},
     )
+
+
+@pytest.fixture(scope="session")
+def shipped(tmp_path_factory, minilm_dir, tiny_lm_dir):
+    """A retriever trained on tiny own data (tiny LM) and written by `epr export`, as the README runs it; and the
+    run's evaluation inputs. The LangChain and dspy adapters load it."""
+    from epr import pipeline
+    from epr.context import Context
+
+    from .test_own_data import own_config
+
+    tmp = tmp_path_factory.mktemp("shipped")
+    ctx = Context(
+        own_config(tmp, minilm_dir, f"models.lm={tiny_lm_dir}", "retrieve.retrievers=[epr+div+bias]")
+    )
+    pipeline.run(ctx, until="rerank")
+    from epr.cli import main  # `epr export`, as the README runs it
+
+    out = tmp / "shipped"
+    assert main(["export", "--set", f"run_root={tmp}", "--set", "name=mine", str(out)]) == 0
+    assert "Dev metrics per epoch" in (out / "README.md").read_text()
+    return out, [e.input for e in ctx.examples("eval")]

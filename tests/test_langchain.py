@@ -9,27 +9,8 @@ pytest.importorskip("langchain_core")
 from langchain_core.prompts import FewShotPromptTemplate, PromptTemplate  # noqa: E402
 from langchain_core.vectorstores import InMemoryVectorStore  # noqa: E402
 
-from epr import pipeline  # noqa: E402
 from epr.api import PromptRetriever  # noqa: E402
-from epr.context import Context  # noqa: E402
 from epr.integrations.langchain import EPREmbeddings, EPRExampleSelector  # noqa: E402
-
-from .test_own_data import own_config  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def shipped(tmp_path_factory, minilm_dir, tiny_lm_dir):
-    tmp = tmp_path_factory.mktemp("lc")
-    ctx = Context(
-        own_config(tmp, minilm_dir, f"models.lm={tiny_lm_dir}", "retrieve.retrievers=[epr+div+bias]")
-    )
-    pipeline.run(ctx, until="rerank")
-    from epr.cli import main  # `epr export`, as the README runs it
-
-    out = tmp / "shipped"
-    assert main(["export", "--set", f"run_root={tmp}", "--set", "name=mine", str(out)]) == 0
-    assert "Dev metrics per epoch" in (out / "README.md").read_text()
-    return out, [e.input for e in ctx.examples("eval")]
 
 
 def test_selector_in_a_few_shot_prompt_is_the_retrievers_choice(shipped):

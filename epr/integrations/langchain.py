@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 from langchain_core.embeddings import Embeddings
 from langchain_core.example_selectors import BaseExampleSelector
 
@@ -71,21 +70,8 @@ class EPRExampleSelector(BaseExampleSelector):
         return " ".join(str(input_variables[k]) for k in self.input_keys)
 
     def select_ids(self, query: str) -> list[int]:
-        """Pool ids, best first."""
-        from epr.index import search
-        from ragsys import mmr_select
-
-        r = self.retriever
-        q = r.encoder.encode([query], "query")
-        if self.lambda_d == 1.0 and self.lambda_b == 1.0:
-            ids, _ = search(r.index, q, self.k)
-            return [int(i) for i in ids[0] if i >= 0]
-        ids, _ = search(r.index, q, max(self.shortlist, self.k))
-        cand = np.array([int(i) for i in ids[0] if i >= 0])
-        emb = np.stack([r.index.reconstruct(int(i)) for i in cand])
-        quality = None if r.quality is None else np.asarray(r.quality)[cand]
-        pick = mmr_select(q[0], emb, quality, min(self.k, len(cand)), self.lambda_d, self.lambda_b)
-        return cand[pick].tolist()
+        """Pool ids, best first (:meth:`epr.api.PromptRetriever.select`)."""
+        return self.retriever.select(query, self.k, self.lambda_d, self.lambda_b, self.shortlist)
 
     def select_examples(self, input_variables: dict[str, Any]) -> list[dict]:
         ids = self.select_ids(self._query(input_variables))
@@ -95,15 +81,8 @@ class EPRExampleSelector(BaseExampleSelector):
         return [{self.input_keys[0]: pool[i].input, self.output_key: pool[i].output} for i in ids]
 
     def add_example(self, example: dict[str, str]) -> str:
-        """Encode ``example`` with the demonstration tower and add it to the pool and index (no retraining). Its
-        quality bias, where the pool has them, is the pool's mean (scoring it would need the LM)."""
-        r = self.retriever
-        ex = Example(len(r.pool), str(example[self.input_keys[0]]), str(example[self.output_key]), {})
-        r.index.add(r.encoder.encode([demo_text(r.task, ex)], "prompt"))
-        r.pool.append(ex)
-        if r.quality is not None:
-            r.quality = np.append(np.asarray(r.quality), np.float32(np.mean(r.quality)))
-        return str(ex.idx)
+        """Encode ``example`` with the demonstration tower and add it to the pool and index (no retraining)."""
+        return str(self.retriever.add(example[self.input_keys[0]], example[self.output_key]))
 
 
 class EPREmbeddings(Embeddings):

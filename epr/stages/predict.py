@@ -12,6 +12,7 @@ import numpy as np
 
 from epr.artifacts import ChunkStore, read_jsonl, write_jsonl
 from epr.context import Context
+from epr.score_cache import cached_scores
 from epr.stages.retrieve import eval_examples
 
 log = logging.getLogger(__name__)
@@ -20,19 +21,22 @@ log = logging.getLogger(__name__)
 def gold_logprob(scorer, cache, task, contexts: list[str], ev: list) -> np.ndarray:
     """``log p(gold answer | context)`` under the inference LM for each example (RAGSys's way of judging a
     retriever: one forward pass each, no generation), reusing and filling the score cache; NaN where too long."""
-    tgts = [task.format_target(e.output) for e in ev]
-    known = cache.get(contexts, tgts)
-    todo = [i for i, v in enumerate(known) if v is None]
-    out = np.array([np.nan if v is None else v for v in known], dtype=np.float64)
-    if todo:
-        pairs = scorer.encode([contexts[i] for i in todo], [tgts[i] for i in todo])
-        long = set(scorer.too_long(pairs))
-        ok = [j for j in range(len(todo)) if j not in long]
-        vals = np.round(scorer.score_ids([pairs[j] for j in ok]), 4) if ok else []
-        for j, v in zip(ok, vals):
-            out[todo[j]] = v
-        cache.put([contexts[todo[j]] for j in ok], [tgts[todo[j]] for j in ok], list(vals), "gold")
-    return out
+    return cached_scores(scorer, cache, list(contexts), [task.format_target(e.output) for e in ev], "gold")
+
+
+def inference_lm(cfg, stop: str):
+    """(generator, scorer) of the inference LM: in-process, or through the server of ``server.base_url``."""
+    if cfg.server.base_url:
+        from epr.served import generator_for_config, scorer_for_config
+
+        return generator_for_config(cfg, stop), scorer_for_config(cfg, inference=True)
+    from epr.generate import Generator
+    from epr.models import load_lm_for
+    from epr.stages.scores import scorer_for
+
+    model, tok = load_lm_for(cfg.models, inference=True)
+    gen = Generator(model, tok, cfg.generate.max_new_tokens, cfg.generate.batch_size, stop)
+    return gen, scorer_for(cfg, model, tok)
 
 
 def _num(v: float) -> float | None:
@@ -40,18 +44,16 @@ def _num(v: float) -> float | None:
 
 
 def run_predict(ctx: Context, out: Path, fp: str) -> dict:
-    from epr.generate import Generator
-    from epr.models import lm_identity, load_lm_for
-    from epr.stages.scores import score_cache, scorer_for
+    from epr.models import lm_key
+    from epr.stages.scores import score_cache
 
     cfg, task = ctx.cfg, ctx.task
     ev = eval_examples(ctx)
-    model, tok = load_lm_for(cfg.models, inference=True)
-    gen = Generator(model, tok, cfg.generate.max_new_tokens, cfg.generate.batch_size, task.stop)
-    scorer, cache = scorer_for(cfg, model, tok), score_cache(cfg, inference=True)
+    gen, scorer = inference_lm(cfg, task.stop)
+    cache = score_cache(cfg, inference=True)
     lp_empty = gold_logprob(scorer, cache, task, [task.format_query(e.input) for e in ev], ev)
     write_jsonl(out / "empty.jsonl", [{"idx": e.idx, "gold_logprob": _num(v)} for e, v in zip(ev, lp_empty)])
-    key = {"generate": cfg.section("generate"), "stop": task.stop, **lm_identity(cfg.models, inference=True)}
+    key = {"generate": cfg.section("generate"), "stop": task.stop, **lm_key(cfg, inference=True)}
     by_idx = {e.idx: e for e in ev}
     for name in cfg.retrieve.retrievers:
         prompts = list(read_jsonl(ctx.stage_dir("prompts") / f"{name}.jsonl"))

@@ -29,9 +29,13 @@ log = logging.getLogger(__name__)
 
 def build_scorer(ctx: Context, inference: bool = False) -> LMScorer:
     """The scoring LM (or the inference LM) behind an :class:`LMScorer` with the run's scoring settings; each process
-    of a multi-GPU run on its own GPU."""
+    of a multi-GPU run on its own GPU. With ``server.base_url`` set, a ``epr.served.ServerScorer`` instead."""
     from epr.models import default_device, load_lm_for
 
+    if ctx.cfg.server.base_url:
+        from epr.served import scorer_for_config
+
+        return scorer_for_config(ctx.cfg, inference)
     device = default_device()
     if ctx.dist.world > 1 and device == "cuda":
         device = f"cuda:{ctx.dist.rank}"
@@ -66,10 +70,13 @@ def scoring_key(cfg, inference: bool = False) -> dict:
     on another) and the device class (``epr.models.lm_identity``). In fp32 a score does not depend on the batch it
     was computed in (beyond 1e-4 nats; tested); in bf16 it does (up to ~1 nat), so there the batch layout is part of
     the key and a changed layout rescores."""
-    from epr.models import lm_identity
+    from epr.models import lm_key
 
     sc = cfg.scoring
-    key = {**lm_identity(cfg.models, inference), "forward": sc.forward}
+    key = lm_key(cfg, inference)
+    if cfg.server.base_url:  # the server computes; our forward and batching settings do not enter
+        return key
+    key["forward"] = sc.forward
     if key["dtype"] != "fp32":
         key |= {"batch_tokens": sc.batch_tokens, "prefix_share": sc.prefix_share}
     return key
@@ -113,7 +120,9 @@ def score_chunk(
             pairs=[pairs[pos[i]] for i in keep],
         )
     elif keep:
-        vals = scorer.score_ids([pairs[pos[i]] for i in keep])
+        vals = scorer.score_pairs(
+            [contexts[i] for i in keep], [targets[i] for i in keep], [pairs[pos[i]] for i in keep]
+        )
     else:
         vals = []
     vals = [round(float(v), 4) for v in vals]

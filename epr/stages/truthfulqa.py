@@ -65,9 +65,9 @@ def quality_key(cfg) -> dict:
 
 def lp_key(cfg) -> dict:
     """The answer log-probs' LM (shared-prefix scoring: one question's answers in one batch, so no layout key)."""
-    from epr.models import lm_identity
+    from epr.models import lm_key
 
-    return {"what": "tqa-logprobs", "version": cfg.truthfulqa.version, **lm_identity(cfg.models)}
+    return {"what": "tqa-logprobs", "version": cfg.truthfulqa.version, **lm_key(cfg)}
 
 
 def contexts_keys(ctx) -> dict:

@@ -1,0 +1,161 @@
+"""dspy drop-ins backed by a trained (or shipped) EPR retriever. Needs ``pip install "epr[dspy]"``.
+
+dspy passes demonstrations per call (``predictor(..., demos=[...])``); these give every call the demonstrations
+our retriever picks for that call's input:
+
+- :class:`EPRPredict`: a ``dspy.Module`` around one ``dspy.Predict`` (any signature).
+- :class:`EPRFewShot`: an optimizer in the manner of ``dspy.KNNFewShot``: ``EPRFewShot(retriever, k).compile(program)``
+  returns a copy of ``program`` whose every predictor gets per-call demonstrations.
+
+Selection is :meth:`epr.api.PromptRetriever.select` (EPR's top-k, or RAGSys re-ranking with ``lambda_d`` /
+``lambda_b``); demonstrations come in prompt order, the best last (right before the input), as EPR evaluates them.
+
+    import dspy
+    from epr.api import PromptRetriever
+    from epr.integrations.dspy import EPRPredict
+
+    parse = EPRPredict("utterance -> parse", PromptRetriever.from_pretrained("my-retriever"), k=4)
+    parse(utterance="wake me up at 7").parse
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from typing import Any
+
+import dspy
+
+from epr.api import PromptRetriever
+
+__all__ = ["EPRDemos", "EPRPredict", "EPRFewShot"]
+
+
+class EPRDemos:
+    """``demos(query) -> list[dspy.Example]``: the retriever's picks as examples with the signature's field names
+    (``input_field`` = the pool's input, ``output_field`` = its output), best last."""
+
+    def __init__(
+        self,
+        retriever: PromptRetriever,
+        k: int = 4,
+        lambda_d: float = 1.0,
+        lambda_b: float = 1.0,
+        shortlist: int = 50,
+    ):
+        if lambda_b != 1.0 and retriever.quality is None:
+            raise ValueError("lambda_b < 1 needs the pool's quality bias; this retriever has none")
+        self.retriever, self.k, self.lambda_d, self.lambda_b, self.shortlist = (
+            retriever,
+            k,
+            lambda_d,
+            lambda_b,
+            shortlist,
+        )
+
+    def ids(self, query: str) -> list[int]:
+        """Pool ids in prompt order (the best last)."""
+        return self.retriever.select(str(query), self.k, self.lambda_d, self.lambda_b, self.shortlist)[::-1]
+
+    def __call__(self, query: str, input_field: str, output_field: str) -> list[dspy.Example]:
+        pool = self.retriever.pool
+        return [
+            dspy.Example(**{input_field: pool[i].input, output_field: pool[i].output}).with_inputs(
+                input_field
+            )
+            for i in self.ids(query)
+        ]
+
+
+def _fields(signature, input_field: str | None, output_field: str | None) -> tuple[str, str]:
+    ins, outs = list(signature.input_fields), list(signature.output_fields)
+    i, o = input_field or ins[0], output_field or outs[0]
+    if i not in ins or o not in outs:
+        raise ValueError(
+            f"signature {signature.signature!r} has inputs {ins} and outputs {outs}: not {i!r} -> {o!r}"
+        )
+    return i, o
+
+
+class EPRPredict(dspy.Module):
+    """``dspy.Predict(signature)`` whose every call gets the retriever's demonstrations for its ``input_field``
+    (default: the signature's first input; their outputs fill ``output_field``, default its first output).
+    A ``demos=`` passed by the caller wins."""
+
+    def __init__(
+        self,
+        signature,
+        retriever: PromptRetriever,
+        k: int = 4,
+        lambda_d: float = 1.0,
+        lambda_b: float = 1.0,
+        shortlist: int = 50,
+        input_field: str | None = None,
+        output_field: str | None = None,
+        **predict_config: Any,
+    ):
+        super().__init__()
+        self.predict = dspy.Predict(signature, **predict_config)
+        self.input_field, self.output_field = _fields(self.predict.signature, input_field, output_field)
+        self.demos = EPRDemos(retriever, k, lambda_d, lambda_b, shortlist)
+
+    def _with_demos(self, kwargs: dict) -> dict:
+        if "demos" not in kwargs:
+            kwargs["demos"] = self.demos(kwargs[self.input_field], self.input_field, self.output_field)
+        return kwargs
+
+    def forward(self, **kwargs):
+        return self.predict(**self._with_demos(kwargs))
+
+    async def aforward(self, **kwargs):
+        return await self.predict.acall(**self._with_demos(kwargs))
+
+
+class EPRFewShot(dspy.teleprompt.Teleprompter):
+    """An optimizer in the manner of ``dspy.KNNFewShot``, with the trained retriever instead of a frozen
+    vectorizer: ``compile(student)`` returns a copy whose every predictor gets, on each call, the demonstrations
+    the retriever picks for that call's input. ``fields`` maps a predictor's name to its ``(input, output)`` field
+    names (default: its signature's first input and first output). A ``trainset`` given to ``compile`` is added to
+    the retriever's pool (encoded, not trained on) as :meth:`epr.api.PromptRetriever.add` does."""
+
+    def __init__(
+        self,
+        retriever: PromptRetriever,
+        k: int = 4,
+        lambda_d: float = 1.0,
+        lambda_b: float = 1.0,
+        shortlist: int = 50,
+        fields: dict[str, tuple[str, str]] | None = None,
+    ):
+        self.demos = EPRDemos(retriever, k, lambda_d, lambda_b, shortlist)
+        self.fields = dict(fields or {})
+
+    def compile(self, student, *, trainset: Sequence[dspy.Example] | None = None, **_ignored):
+        program = copy.deepcopy(student)
+        for name, pred in program.named_predictors():
+            i, o = _fields(pred.signature, *self.fields.get(name, (None, None)))
+            for ex in trainset or ():
+                if i in ex and o in ex:
+                    self.demos.retriever.add(ex[i], ex[o])
+            _give_demos(pred, self.demos, i, o)
+        return program
+
+
+def _give_demos(pred, demos: EPRDemos, i: str, o: str) -> None:
+    """Make every call of ``pred`` (sync or async; one that passes no ``demos=`` of its own) use the retriever's
+    picks for that call's input."""
+    inner, ainner = pred.forward, pred.aforward
+
+    def with_demos(kwargs: dict) -> dict:
+        if "demos" not in kwargs and i in kwargs:
+            kwargs["demos"] = demos(kwargs[i], i, o)
+        return kwargs
+
+    def forward(**kwargs):
+        return inner(**with_demos(kwargs))
+
+    async def aforward(**kwargs):
+        return await ainner(**with_demos(kwargs))
+
+    object.__setattr__(pred, "forward", forward)
+    object.__setattr__(pred, "aforward", aforward)
