@@ -120,11 +120,27 @@ class PromptRetriever:
         return shipping.save(self, out, card, run)
 
     @classmethod
-    def from_pretrained(cls, path: str | Path) -> PromptRetriever:
-        """Load a folder written by :meth:`save_pretrained` / ``epr export``."""
+    def from_pretrained(
+        cls, path: str | Path, revision: str | None = None, token: str | None = None
+    ) -> PromptRetriever:
+        """Load a folder written by :meth:`save_pretrained` / ``epr export``, or a hub repo id (``owner/name``,
+        as sentence-transformers loads them; ``revision`` and ``token`` go to the hub)."""
         from epr import shipping
 
-        return shipping.load(path)
+        return shipping.load(path, revision, token)
+
+    def push_to_hub(
+        self,
+        repo_id: str,
+        private: bool = False,
+        token: str | None = None,
+        commit_message: str = "Add EPR retriever",
+    ) -> str:
+        """Upload the retriever (the :meth:`save_pretrained` folder) to the hub repo ``repo_id``; returns the commit
+        URL. ``PromptRetriever.from_pretrained(repo_id)`` loads it back."""
+        from epr import shipping
+
+        return shipping.push_to_hub(self, repo_id, private, token, commit_message)
 
     def count(self, text: str) -> int:
         if self._count is None:

@@ -188,9 +188,8 @@ def target_span(toks: list[str], offsets: list[int], text: str, target: str, n: 
         for e in (len(toks) - 1, len(toks) - 2)
         if e - n + 1 >= 1 and "".join(toks[e - n + 1 : e + 1]) == target
     ]
-    if len(fits) > 1 and len(offsets) == len(
-        toks
-    ):  # both spell it: the one that starts where the target does
+    if len(fits) > 1 and len(offsets) == len(toks):
+        # both spell it: the one that starts where the target does
         fits = [e for e in fits if offsets[e - n + 1] == len(text) - len(target)] or fits[-1:]
     return fits[0] - n + 1 if fits else None
 
@@ -233,12 +232,18 @@ class ServerScorer(TokenScorer):
         self._check_fits(pairs)
         url = f"{self.server.base_url}/completions"
         texts = [(c or self._empty) + t for c, t in zip(contexts, targets)]
+        # sent in text order: sequences that share a demonstration go one after another, so a server that caches
+        # the previous prompt's prefix (llama.cpp keeps one per slot) computes it once for all of them
+        order = sorted(range(len(texts)), key=texts.__getitem__)
         try:
-            resps = self.server.map("/completions", [self.payload(x) for x in texts], self.on_sequence)
+            sent = self.server.map("/completions", [self.payload(texts[i]) for i in order], self.on_sequence)
         except ServerError as e:
             if "HTTP 400" in str(e) and ("context" in str(e).lower() or "token" in str(e).lower()):
                 raise SequenceTooLong(f"{e} (set server.max_length to the served context window)") from e
             raise
+        resps: list[dict] = [{}] * len(texts)
+        for i, r in zip(order, sent):
+            resps[i] = r
         out = np.empty(len(pairs), dtype=np.float64)
         for i, ((_c, t), r) in enumerate(zip(pairs, resps)):
             lp, toks, offsets = _echo(r, url)

@@ -64,11 +64,13 @@ def save(r: PromptRetriever, out: str | Path, card: str | None = None, run: str 
         "ragsys": dict(r.ragsys),
         "pool_size": len(r.pool),
         "quality_bias": r.quality is not None,
-        "source": _source(Path(run)) if run is not None else {},
+        "source": _source(Path(run)) if run is not None else getattr(r, "shipped", {}).get("source", {}),
     }  # fmt: skip
     atomic_write_text(tmp / "retriever.json", json.dumps(meta, indent=2) + "\n")
-    if card is None:
-        card = run_card(Path(run), meta) if run is not None else model_card(meta, {})
+    if card is None and run is not None:
+        card = run_card(Path(run), meta)
+    if card is None:  # a retriever loaded from a shipped folder keeps its card
+        card = getattr(r, "shipped", {}).get("card") or model_card(meta, {})
     atomic_write_text(tmp / "README.md", card)
     if out.exists():
         shutil.rmtree(out)
@@ -87,7 +89,52 @@ def _task_config(task) -> dict:
     return dataclasses.asdict(task.cfg)
 
 
-def load(path: str | Path) -> PromptRetriever:
+def looks_like_hub_id(name: str) -> bool:
+    """``owner/name`` that is not a local path (sentence-transformers' convention for hub ids)."""
+    parts = str(name).split("/")
+    return len(parts) == 2 and all(parts) and not Path(name).exists() and not str(name).startswith((".", "~"))
+
+
+def resolve(path: str | Path, revision: str | None = None, token: str | None = None) -> Path:
+    """A local folder as it is; a hub id (``owner/name``) downloaded to the hub cache (or found there offline)."""
+    if Path(path).is_dir() or not looks_like_hub_id(str(path)):
+        return Path(path)
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(str(path), revision=revision, token=token))
+    except Exception as e:  # offline, unknown repo, no access: say which and what to do
+        raise FileNotFoundError(
+            f"{path}: no such folder, and the hub did not give it ({type(e).__name__}: {e}). Pass a local folder "
+            "written by `epr export`, or check the repo id, your network and HF_TOKEN"
+        ) from e
+
+
+def push_to_hub(
+    r: PromptRetriever,
+    repo_id: str,
+    private: bool = False,
+    token: str | None = None,
+    commit_message: str = "Add EPR retriever",
+    run: str | Path | None = None,
+) -> str:
+    """Write ``r`` as :func:`save` does and upload the folder to the hub repo ``repo_id`` (created if missing);
+    returns the commit URL. ``from_pretrained(repo_id)`` loads it back."""
+    import tempfile
+
+    from huggingface_hub import HfApi
+
+    api = HfApi(token=token)
+    api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = save(r, Path(tmp) / "retriever", run=run)
+        info = api.upload_folder(
+            repo_id=repo_id, folder_path=str(out), commit_message=commit_message, repo_type="model"
+        )
+    return str(getattr(info, "commit_url", info))
+
+
+def load(path: str | Path, revision: str | None = None, token: str | None = None) -> PromptRetriever:
     from transformers import AutoTokenizer
 
     from epr.api import Budget, PromptRetriever
@@ -96,7 +143,7 @@ def load(path: str | Path) -> PromptRetriever:
     from epr.index import load_index
     from epr.tasks import get_task
 
-    path = Path(path)
+    path = resolve(path, revision, token)
     f = path / "retriever.json"
     if not f.exists():
         raise FileNotFoundError(
@@ -114,10 +161,13 @@ def load(path: str | Path) -> PromptRetriever:
     tok = AutoTokenizer.from_pretrained(str(path / "tokenizer"))
     budget = Budget(b["prompt_budget"], b["answer_reserve"], b["max_demos"], str(path / "tokenizer"), b["k"])
     quality = np.load(path / "quality_bias.npy") if meta.get("quality_bias") else None
-    return PromptRetriever(
+    r = PromptRetriever(
         DualEncoder.from_pretrained(str(path / "encoder")), pool, task, index, budget=budget,
         count=lambda s: len(tok(s, add_special_tokens=False)["input_ids"]), ragsys=meta["ragsys"], quality=quality,
     )  # fmt: skip
+    # saved again (save_pretrained, push_to_hub), it keeps its model card and provenance
+    r.shipped = {"card": (path / "README.md").read_text(encoding="utf-8"), "source": meta.get("source", {})}
+    return r
 
 
 def model_card(meta: dict, run: dict) -> str:

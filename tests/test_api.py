@@ -4,6 +4,7 @@ index is keyed by the encoder and pool that built it (a retrained encoder never 
 import json
 
 import numpy as np
+import pytest
 
 from epr import pipeline
 from epr.api import PromptRetriever
@@ -94,3 +95,52 @@ def test_shipped_retriever_loads_in_a_fresh_process_without_its_run(tmp_path, mi
         np.testing.assert_allclose(scores, w.scores, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(got["q"], r.quality, rtol=0, atol=0)
     assert got["ragsys"] == r.ragsys
+
+
+def test_push_to_hub_and_load_by_repo_id(shipped, tmp_path, monkeypatch):
+    """sentence-transformers' conventions: ``push_to_hub(repo_id)`` uploads the shipped folder (card included),
+    ``from_pretrained("owner/name")`` downloads and loads it. No hub is reachable here: a local folder stands in for
+    it behind huggingface_hub's own functions, so what is checked is what we send and how we load what comes back."""
+    import shutil
+
+    import huggingface_hub
+
+    from epr.api import PromptRetriever
+
+    path, queries = shipped
+    hub, calls = tmp_path / "hub", []
+
+    def create_repo(self, repo_id, private=False, exist_ok=False, repo_type=None):
+        calls.append(("create", repo_id, private, repo_type))
+        (hub / repo_id).mkdir(parents=True, exist_ok=exist_ok)
+
+    def upload_folder(self, repo_id, folder_path, commit_message, repo_type=None):
+        calls.append(("upload", repo_id, commit_message, repo_type))
+        shutil.copytree(folder_path, hub / repo_id, dirs_exist_ok=True)
+        return type("Info", (), {"commit_url": f"https://hub/{repo_id}/commit/1"})()
+
+    def snapshot_download(repo_id, revision=None, token=None):
+        calls.append(("download", repo_id, revision))
+        if not (hub / repo_id).exists():
+            raise huggingface_hub.errors.RepositoryNotFoundError(f"{repo_id} not found")
+        return str(hub / repo_id)
+
+    monkeypatch.setattr(huggingface_hub.HfApi, "create_repo", create_repo)
+    monkeypatch.setattr(huggingface_hub.HfApi, "upload_folder", upload_folder)
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    r = PromptRetriever.from_pretrained(path)
+    url = r.push_to_hub("me/tiny-epr", private=True)
+    assert url == "https://hub/me/tiny-epr/commit/1"
+    assert calls[:2] == [
+        ("create", "me/tiny-epr", True, "model"),
+        ("upload", "me/tiny-epr", "Add EPR retriever", "model"),
+    ]
+    back = PromptRetriever.from_pretrained("me/tiny-epr", revision="main")
+    assert calls[-1] == ("download", "me/tiny-epr", "main")
+    assert (hub / "me/tiny-epr/README.md").read_text() == (path / "README.md").read_text()  # the card travels
+    for q in queries[:3]:
+        assert back.select(q, 3) == r.select(q, 3)
+    with pytest.raises(
+        FileNotFoundError, match=r"nobody/nothing: no such folder, and the hub did not give it"
+    ):
+        PromptRetriever.from_pretrained("nobody/nothing")

@@ -3,9 +3,9 @@ for that call's input, as the LM sees them (the prompt's demonstration turns), s
 
 import asyncio
 
-import pytest
+from .extras import need
 
-dspy = pytest.importorskip("dspy")
+dspy = need("dspy")
 
 from dspy.utils.dummies import DummyLM  # noqa: E402
 
@@ -91,7 +91,10 @@ def test_optimizer_gives_every_predictor_per_call_demos(shipped):
         # the second predictor's demonstrations: the retriever's, under its own field names
         turns = demo_turns(lm)
         want = r.select(queries[1], 2)[::-1]
-        assert [r.pool[i].input in u and r.pool[i].output in a for (u, a), i in zip(turns, want)] == [True, True]
+        assert [r.pool[i].input in u and r.pool[i].output in a for (u, a), i in zip(turns, want)] == [
+            True,
+            True,
+        ]
         assert "[[ ## verdict ## ]]" in turns[0][1]
         student(input=queries[1])  # the student itself is unchanged: no demonstrations
         assert demo_turns(lm) == []

@@ -4,7 +4,9 @@ retriever picks, RAGSys's lambdas pass through, add_example needs no retraining,
 import numpy as np
 import pytest
 
-pytest.importorskip("langchain_core")
+from .extras import need
+
+need("langchain_core")
 
 from langchain_core.prompts import FewShotPromptTemplate, PromptTemplate  # noqa: E402
 from langchain_core.vectorstores import InMemoryVectorStore  # noqa: E402

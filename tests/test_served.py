@@ -11,7 +11,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import numpy as np
 import pytest
 
-pytest.importorskip("httpx")
+from .extras import need
+
+need("httpx")
 
 from epr.served import OpenAIServer, ServerCannotScore, ServerError, ServerScorer  # noqa: E402
 
@@ -70,8 +72,10 @@ def client(url, waits, **kw):
     return c
 
 
-def echo(lps):
-    return {"choices": [{"text": "x", "logprobs": {"token_logprobs": lps}}]}
+def echo(lps, text=None):
+    """A completion answer echoing ``text`` one character per token (and one generated token "!")."""
+    toks = list(text) + ["!"] if text is not None else ["?"] * len(lps)
+    return {"choices": [{"text": (text or "") + "!", "logprobs": {"token_logprobs": lps, "tokens": toks}}]}
 
 
 def test_retries_5xx_and_429_with_backoff_then_succeeds(waits):
@@ -145,29 +149,38 @@ class WordTok:
     bos_token_id, eos_token_id, pad_token_id = 1, 2, 0
 
     def __call__(self, texts, add_special_tokens=True):
+        if isinstance(texts, str):
+            return {"input_ids": [ord(ch) for ch in texts]}
         return {"input_ids": [[ord(ch) for ch in t] for t in texts]}
+
+    def decode(self, ids):
+        return "".join(chr(i) for i in ids)
 
 
 def test_scorer_sums_the_target_tokens_of_the_echo_and_keeps_order(waits):
-    # context "ab" + target "cd": 4 prompt tokens (+1 generated); the target's are positions 2 and 3
+    # context "ab" + target "cd": 4 prompt tokens (+1 generated); the target's are positions 2 and 3. Requests go
+    # in text order ("abcd" < "xyz"); answers come back in the caller's order ("xyz" asked first)
     s = Scripted(
-        [(200, echo([None, -1.0, -0.5, -0.25, -9.0]), {}), (200, echo([None, -2.0, -3.0, -9.0]), {})]
+        [
+            (200, echo([None, -1.0, -0.5, -0.25, -9.0], "abcd"), {}),
+            (200, echo([None, -2.0, -3.0, -9.0], "xyz"), {}),
+        ]
     )
     try:
         sc = ServerScorer(client(s.url, waits), "m", WordTok(), 100)
-        out = sc.score(["ab", "x"], ["cd", "yz"])
+        out = sc.score(["x", "ab"], ["yz", "cd"])
     finally:
         s.close()
-    np.testing.assert_allclose(out, [-0.75, -5.0])
+    np.testing.assert_allclose(out, [-5.0, -0.75])
     sent = [body for _, _, body in s.requests]
-    assert sent[0]["prompt"] == [97, 98, 99, 100] and sent[0]["echo"] is True and sent[0]["logprobs"] == 1
+    assert sent[0]["prompt"] == "abcd" and sent[0]["echo"] is True and sent[0]["logprobs"] == 1
     assert sent[0]["model"] == "m" and sent[0]["max_tokens"] == 1
 
 
 def test_a_server_without_prompt_logprobs_is_a_clear_error(waits):
     s = Scripted([(200, {"choices": [{"text": "x", "logprobs": None}]}, {})])
     try:
-        with pytest.raises(ServerCannotScore, match=r"cannot score prompts.*--logits_all true"):
+        with pytest.raises(ServerCannotScore, match=r"cannot score prompts.*`epr serve`"):
             ServerScorer(client(s.url, waits), "m", WordTok(), 100).score(["ab"], ["c"])
     finally:
         s.close()
@@ -176,7 +189,13 @@ def test_a_server_without_prompt_logprobs_is_a_clear_error(waits):
 def test_concurrent_requests_keep_their_order(waits):
     # each answer's target log-prob is minus the prompt's last token id: the order is checkable
     s = Scripted(
-        lambda body: (200, echo([None] * (len(body["prompt"]) - 1) + [-float(body["prompt"][-1]), -9.0]), {})
+        lambda body: (
+            200,
+            echo(
+                [None] * (len(body["prompt"]) - 1) + [-float(ord(body["prompt"][-1])), -9.0], body["prompt"]
+            ),
+            {},
+        )
     )
     try:
         sc = ServerScorer(client(s.url, waits, concurrency=4), "m", WordTok(), 100)
@@ -186,3 +205,21 @@ def test_concurrent_requests_keep_their_order(waits):
         s.close()
     assert len(s.requests) == 40
     np.testing.assert_allclose(out, [-float(ord(t)) for t in targets])
+
+
+def test_a_server_that_tokenises_differently_is_an_error(waits):
+    # the echo splits "cd" as one token where our tokenizer has two: the scores would be of other tokens
+    bad = {
+        "choices": [
+            {
+                "text": "abcd!",
+                "logprobs": {"token_logprobs": [None, -1.0, -0.5, -9.0], "tokens": ["a", "b", "cd", "!"]},
+            }
+        ]
+    }
+    s = Scripted([(200, bad, {})])
+    try:
+        with pytest.raises(ServerError, match=r"pair 0: .* tokenises differently"):
+            ServerScorer(client(s.url, waits), "m", WordTok(), 100).score(["ab"], ["cd"])
+    finally:
+        s.close()
