@@ -79,6 +79,10 @@ class TwoStep(dspy.Module):
         d = self.draft(input=input).output
         return self.check(draft=d, input=input)
 
+    async def aforward(self, input):
+        d = (await self.draft.acall(input=input)).output
+        return await self.check.acall(draft=d, input=input)
+
 
 def test_optimizer_gives_every_predictor_per_call_demos(shipped):
     path, queries = shipped

@@ -182,7 +182,7 @@ def test_a_dying_server_gives_a_clear_error_and_the_run_resumes(server, lm32, tm
     monkeypatch.setattr(scores_stage, "score_chunk", counting)
     with pytest.raises(ServerError, match=r"ConnectError.*rerun the same command"):
         pipeline.run(Context(cfg), until="scores")
-    parts = sorted((tmp_path / cfg.name / "scores" / "parts").glob("*.json*"))
+    parts = sorted((tmp_path / cfg.name / "scores" / "parts").glob("chunk-*"))
     assert len(parts) == 2
     server.start()
     calls.clear()
