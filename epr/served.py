@@ -70,6 +70,7 @@ class OpenAIServer:
     ):
         import httpx
 
+        logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per request otherwise
         self.base_url = base_url.rstrip("/")
         self.concurrency, self.max_retries, self.backoff_s = concurrency, max_retries, backoff_s
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
