@@ -46,6 +46,12 @@ log = logging.getLogger(__name__)
 
 RETRY_STATUS = (408, 409, 429, 500, 502, 503, 504)
 RESUME_HINT = "what finished is kept: start the server again and rerun the same command to resume"
+# what servers say when they cannot return log-probabilities (llama-cpp-python started without logits_all)
+NO_LOGPROBS = ("logprobs is not supported", "logits_all")
+CANNOT_SCORE = (
+    "this server cannot score prompts. It must echo prompt log-probabilities (completions with echo=true and "
+    "logprobs): `epr serve` (llama.cpp) and vLLM do; chat-only provider APIs (OpenAI's current models) do not"
+)
 
 
 class ServerError(RuntimeError):
@@ -108,6 +114,8 @@ class OpenAIServer:
                             f"{url}: answered {r.status_code} with non-JSON: {r.text[:200]!r}"
                         ) from None
                 last, retry_after = f"HTTP {r.status_code}: {r.text[:300]}", r.headers.get("retry-after")
+                if any(p in r.text.lower() for p in NO_LOGPROBS):  # retrying cannot fix this one
+                    raise ServerCannotScore(f"{url}: {last}; {CANNOT_SCORE}")
                 if r.status_code not in RETRY_STATUS:
                     raise ServerError(f"{url}: {last}")
             if attempt < self.max_retries:
@@ -173,9 +181,7 @@ def _echo(resp: dict, url: str) -> tuple[list[float | None], list[str], list[int
     lp, toks = info.get("token_logprobs"), info.get("tokens")
     if not lp or not toks or len(lp) != len(toks) or all(v is None for v in lp[1:]):
         raise ServerCannotScore(
-            f"{url}: the answer has no log-probabilities for the prompt's tokens: this server cannot score "
-            "prompts. It must echo them (completions with echo=true and logprobs): `epr serve` (llama.cpp) and "
-            "vLLM do; chat-only provider APIs (OpenAI's current models) do not"
+            f"{url}: the answer has no log-probabilities for the prompt's tokens: {CANNOT_SCORE}"
         )
     return lp, toks, list(info.get("text_offset") or [])
 

@@ -197,3 +197,38 @@ def test_a_dying_server_gives_a_clear_error_and_the_run_resumes(server, lm32, tm
     ours = LMScorer(model, tok).score(c, t)
     got = np.array([s for r in rows for s in r["scores"]])
     assert len(got) == 32 and np.abs(got - ours).max() < PER_SEQ_MAX
+
+
+def test_a_server_that_cannot_return_prompt_logprobs_is_a_clear_error(lm32, tmp_path):
+    """llama-cpp-python's own server started without logits_all answers 500 to every scoring request: one clear
+    error at once, not retries."""
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    from epr.llamacpp_server import free_port
+    from epr.served import ServerCannotScore
+
+    port = free_port()
+    log = open(tmp_path / "stock.log", "wb")
+    cmd = [sys.executable, "-m", "llama_cpp.server", "--model", gguf_path("smollm2"), "--model_alias", "smollm2",
+           "--port", str(port), "--logits_all", "false", "--n_threads", "2"]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        url = f"http://127.0.0.1:{port}/v1"
+        for _ in range(240):
+            try:
+                urllib.request.urlopen(f"{url}/models", timeout=2)
+                break
+            except OSError:
+                time.sleep(0.5)
+        client = OpenAIServer(url, max_retries=5, backoff_s=10.0)  # a retry would take 10 s and more
+        t = time.time()
+        with pytest.raises(ServerCannotScore, match=r"logprobs is not supported.*cannot score prompts"):
+            ServerScorer(client, "smollm2", lm32[1], 2048).score(["Q: Hi?\nA:"], [" Hello"])
+        assert time.time() - t < 5
+    finally:
+        proc.kill()
+        proc.wait()
+        log.close()

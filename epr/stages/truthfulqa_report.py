@@ -219,8 +219,8 @@ def run_report(ctx, out: Path, fp: str) -> dict:
         summaries[s["name"]] = summ
     seconds = {st: read_manifest(ctx.stage_dir(st)).get("seconds") for st in ("tqa_contexts", "tqa_score")}
     info = {
-        "version": meta["version"], "questions": len(meta["subset"]), "lm": lm_name(cfg.models), "dtype": lm["dtype"],
-        "device": lm["device"], "encoder": cfg.models.encoder, "k": rc.k, "lambda_d": rc.lambda_d,
+        "version": meta["version"], "questions": len(meta["subset"]), "lm": lm_name(cfg.models) if "server" not in lm else f"{lm['served_model']} (served)",
+        "dtype": lm.get("dtype", "the server's arithmetic"), "device": lm.get("device", lm.get("server")), "encoder": cfg.models.encoder, "k": rc.k, "lambda_d": rc.lambda_d,
         "lambda_b": rc.lambda_b, "icl_pairs": meta["icl_pairs"], "dpo_triplets": meta["dpo_triplets"],
         "dpo_here": sum(len(triplets.get(qi, [])) for qi in meta["subset"]), "machine": describe(machine()),
         "seconds": seconds, "prompts_scored": score_manifest.get("rows", {}),
