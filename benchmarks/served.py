@@ -9,11 +9,16 @@ per-token differences, and what labels depend on: how each query's L candidates 
 the best candidate and the top-5 are the same.
 
     python -m benchmarks.served [--queries 128] [--L 16] [--threads 2] [--concurrency 2] [--tag zen5]
+
+An AVX2-only CPU emulated on a newer one (torch's kernels capped at AVX2; llama.cpp's portable build is AVX2 anyway):
+
+    ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 python -m benchmarks.served --dtypes fp32 --tag zen5-avx2
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import numpy as np
@@ -59,13 +64,16 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=2)
     ap.add_argument("--batch-tokens", type=int, default=4096)
     ap.add_argument("--data-dir", default="../shared/data")
+    ap.add_argument(
+        "--dtypes", default="auto,fp32", help="in-process dtypes to time (auto: what the pipeline picks)"
+    )
     ap.add_argument("--tag", default="")
     a = ap.parse_args()
 
     ctxs, tgts, demos = mtop_sequences(a.data_dir, a.queries, a.L)
     runs: dict[str, dict] = {}
     scores: dict[str, np.ndarray] = {}
-    for dtype in ("auto", "fp32"):
+    for dtype in a.dtypes.split(","):
         model, tok = load_lm("smollm2", dtype=dtype)
         name = "bf16" if next(model.parameters()).dtype == torch.bfloat16 else "fp32"
         if name in scores:
@@ -93,10 +101,15 @@ def main() -> None:
 
     for r in runs.values():
         r["tok_s"] = n_tok / r["seconds"]
-    base = runs[f"in-process {'bf16' if 'bf16' in scores else 'fp32'}"]["seconds"]
+    base = runs[f"in-process {'bf16' if 'bf16' in scores else 'fp32'}"]["seconds"]  # what the pipeline runs
     for r in runs.values():
         r["speed_vs_pipeline_default"] = base / r["seconds"]
     agree = {k: agreement(scores[k], scores["fp32"], n_tgt, a.L) for k in scores if k != "fp32"}
+    isa = {
+        k: os.environ[k]
+        for k in ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS")
+        if k in os.environ
+    }
     raw = {
         "machine": machine(),
         "sequences": len(ctxs),
@@ -106,13 +119,15 @@ def main() -> None:
         "L": a.L,
         "threads": a.threads,
         "concurrency": a.concurrency,
+        "isa_caps": isa,  # set to emulate a CPU with fewer instructions (e.g. AVX2-only) for torch
         "runs": runs,
         "agreement_with_in_process_fp32": agree,
     }
     md = [
         f"# Scoring through a server vs in-process ({describe(raw['machine'])})\n",
         f"The same {len(ctxs)} MTOP candidate sequences ({a.queries} queries x L={a.L}, {n_tok} tokens), "
-        f"`python -m benchmarks.served{' --tag ' + a.tag if a.tag else ''}`.\n",
+        f"`{' '.join(f'{k}={v}' for k, v in isa.items())}{' ' if isa else ''}python -m benchmarks.served"
+        f"{' --dtypes ' + a.dtypes if a.dtypes != 'auto,fp32' else ''}{' --tag ' + a.tag if a.tag else ''}`.\n",
         "| engine | seconds | tokens/s | speed vs the pipeline's default |",
         "|---|---:|---:|---:|",
     ]
