@@ -23,6 +23,8 @@ need("llama_cpp")
 from epr.llamacpp_server import check_echo, fixed_llama_class, gguf_path, launch  # noqa: E402
 from epr.served import OpenAIServer, ServerError, ServerScorer  # noqa: E402
 
+from .test_truthfulqa import tqa_data, tqa_stages  # noqa: E402, F401  (fixtures)
+
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -232,3 +234,31 @@ def test_a_server_that_cannot_return_prompt_logprobs_is_a_clear_error(lm32, tmp_
         proc.kill()
         proc.wait()
         log.close()
+
+
+def test_truthfulqa_stages_through_the_server(server, tmp_path, tqa_data, tqa_stages):  # noqa: F811
+    """The TruthfulQA stages (quality bias, answer log-probs, report) with the server's config: the report names
+    the served LM, and its metrics are the in-process fp32 run's within the server's tolerance."""
+    from epr import pipeline
+
+    from .test_truthfulqa import _ctx, _report
+
+    sets = ("truthfulqa.variants=[fix,rel,rel+div+bias]",)
+    ctx = _ctx(
+        tmp_path / "served",
+        tqa_data,
+        "smollm2",
+        *sets,
+        f"server.base_url={server.url}",
+        "server.model=smollm2",
+    )
+    pipeline.run(ctx, until="tqa_report")
+    served = _report(ctx)
+    assert "LM `smollm2 (served)`" in served["md"] and server.url in served["md"]
+    local = _ctx(tmp_path / "local", tqa_data, "smollm2", *sets)
+    pipeline.run(local, until="tqa_report")
+    ours = _report(local)
+    for a, b in zip(served["per_question"], ours["per_question"]):
+        assert (a["set"], a["qi"], a["demos"]) == (b["set"], b["qi"], b["demos"])  # the same contexts
+        assert abs(a["dpo_sum"] - b["dpo_sum"]) / max(a["dpo_n"], 1) < 0.3
+        assert abs(a["official_mc2"] - b["official_mc2"]) < 0.1
