@@ -91,7 +91,7 @@ class OpenAIServer:
     def _wait(self, attempt: int, retry_after: str | None) -> float:
         if retry_after:
             try:
-                return min(float(retry_after), 60.0)
+                return min(max(float(retry_after), 0.0), 60.0)
             except ValueError:
                 pass
         return self.backoff_s * (2**attempt) * (0.5 + random.random() / 2)
@@ -150,9 +150,13 @@ class OpenAIServer:
 
         if self.concurrency == 1 or len(payloads) == 1:
             return [one(p) for p in payloads]
-        with ThreadPoolExecutor(self.concurrency) as pool:
+        pool = ThreadPoolExecutor(self.concurrency)
+        try:
             futures = [pool.submit(one, p) for p in payloads]
             return [f.result() for f in futures]
+        finally:  # on a failure or Ctrl-C, requests not yet sent are not sent
+            stop.set()
+            pool.shutdown(wait=True, cancel_futures=True)
 
     def models(self) -> list[dict]:
         return list(self.request("GET", "/models").get("data", []))
@@ -230,6 +234,10 @@ class ServerScorer(TokenScorer):
             "temperature": 0.0,
         }
 
+    def too_long(self, pairs) -> list[int]:
+        # the server also makes room for the one token it generates after the prompt
+        return [i for i, (c, t) in enumerate(pairs) if len(c) + len(t) + 1 > self.max_length]
+
     def score_ids(self, pairs):
         raise TypeError("a server scores texts: use score(contexts, targets) or score_pairs(...)")
 
@@ -282,6 +290,7 @@ class ServerGenerator:
                 "prompt": x,
                 "max_tokens": self.max_new_tokens,
                 "temperature": 0.0,
+                "repeat_penalty": 1.0,  # llama.cpp's server defaults to 1.1: not the greedy decoding we compare
                 "stop": [self.stop],
             }
             for x in prompts

@@ -125,3 +125,22 @@ def test_readme_dspy_snippet_runs(shipped, monkeypatch):
         ns: dict = {}
         exec(code, ns)
     assert ns["result"].parse == "[IN:CREATE_ALARM ]"
+
+
+def test_copies_of_a_compiled_program_are_their_own_and_a_trainset_is_added_once(shipped):
+    path, queries = shipped
+    r = PromptRetriever.from_pretrained(path)
+    n = len(r.pool)
+    train = [dspy.Example(input="dim the porch light", output="[dim porch]").with_inputs("input")]
+    opt = EPRFewShot(r, k=2)
+    program = opt.compile(TwoStep(), trainset=train)
+    opt.compile(TwoStep(), trainset=train)
+    assert len(r.pool) == n + 1  # once, though two predictors and two compiles saw it
+    twin = program.deepcopy()  # what dspy's optimizers do with programs
+    twin.draft.signature = twin.draft.signature.with_instructions("TWIN-INSTRUCTIONS")
+    lm = DummyLM([{"output": "y"}, {"verdict": "ok"}])
+    with dspy.context(lm=lm):
+        twin(input=queries[0])
+    first = lm.history[0]["messages"]
+    assert "TWIN-INSTRUCTIONS" in first[0]["content"]  # the copy's own predictor ran
+    assert len(first) == 2 + 2 * 2  # with its per-call demonstrations

@@ -21,6 +21,7 @@ Selection is :meth:`epr.api.PromptRetriever.select` (EPR's top-k, or RAGSys re-r
 from __future__ import annotations
 
 import copy
+import types
 from collections.abc import Sequence
 from typing import Any
 
@@ -132,30 +133,36 @@ class EPRFewShot(dspy.teleprompt.Teleprompter):
 
     def compile(self, student, *, trainset: Sequence[dspy.Example] | None = None, **_ignored):
         program = copy.deepcopy(student)
-        for name, pred in program.named_predictors():
-            i, o = _fields(pred.signature, *self.fields.get(name, (None, None)))
-            for ex in trainset or ():
-                if i in ex and o in ex:
-                    self.demos.retriever.add(ex[i], ex[o])
+        preds = [(name, pred, *_fields(pred.signature, *self.fields.get(name, (None, None))))
+                 for name, pred in program.named_predictors()]  # fmt: skip
+        r = self.demos.retriever
+        have = {(e.input, e.output) for e in r.pool}
+        for ex in trainset or ():  # once, whichever predictor's fields it fills, and not twice
+            for _, _, i, o in preds:
+                if i in ex and o in ex and (str(ex[i]), str(ex[o])) not in have:
+                    r.add(ex[i], ex[o])
+                    have.add((str(ex[i]), str(ex[o])))
+                    break
+        for _, pred, i, o in preds:
             _give_demos(pred, self.demos, i, o)
         return program
 
 
 def _give_demos(pred, demos: EPRDemos, i: str, o: str) -> None:
     """Make every call of ``pred`` (sync or async; one that passes no ``demos=`` of its own) use the retriever's
-    picks for that call's input."""
-    inner, ainner = pred.forward, pred.aforward
+    picks for that call's input. Bound to ``pred``: a copy of the program (dspy optimizers copy programs) rebinds
+    them to the copy."""
 
     def with_demos(kwargs: dict) -> dict:
         if "demos" not in kwargs and i in kwargs:
             kwargs["demos"] = demos(kwargs[i], i, o)
         return kwargs
 
-    def forward(**kwargs):
-        return inner(**with_demos(kwargs))
+    def forward(self, **kwargs):
+        return type(self).forward(self, **with_demos(kwargs))
 
-    async def aforward(**kwargs):
-        return await ainner(**with_demos(kwargs))
+    async def aforward(self, **kwargs):
+        return await type(self).aforward(self, **with_demos(kwargs))
 
-    object.__setattr__(pred, "forward", forward)
-    object.__setattr__(pred, "aforward", aforward)
+    object.__setattr__(pred, "forward", types.MethodType(forward, pred))
+    object.__setattr__(pred, "aforward", types.MethodType(aforward, pred))
