@@ -28,7 +28,7 @@ from epr.tasks import get_task
 from epr.train_data import demo_text
 from epr.types import Example
 
-__all__ = ["PromptRetriever", "RetrievalResult"]
+__all__ = ["PromptRetriever", "RetrievalResult", "Selection"]
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,25 @@ class Budget:
     max_demos: int
     tokenizer: str  # the inference LM whose tokens are counted
     k: int = RetrieveConfig().k  # ids retrieved before fitting (the run's retrieve.k)
+
+
+@dataclass(frozen=True)
+class Selection:
+    """How the LangChain and dspy adapters pick demonstrations (:meth:`PromptRetriever.select`): ``k`` of them, EPR's
+    top-k when ``lambda_d`` = ``lambda_b`` = 1, else RAGSys over the ``shortlist`` best."""
+
+    k: int = 4
+    lambda_d: float = 1.0
+    lambda_b: float = 1.0
+    shortlist: int = 50
+
+    def check(self, retriever: PromptRetriever) -> None:
+        if self.lambda_b != 1.0 and retriever.quality is None:
+            raise ValueError("lambda_b < 1 needs the pool's quality bias; this retriever has none")
+
+    def ids(self, retriever: PromptRetriever, query: str) -> list[int]:
+        """Pool ids, best first."""
+        return retriever.select(str(query), self.k, self.lambda_d, self.lambda_b, self.shortlist)
 
 
 class PromptRetriever:
@@ -189,8 +208,7 @@ class PromptRetriever:
         dspy adapters select through this."""
         from ragsys import mmr_select
 
-        if lambda_b != 1.0 and self.quality is None:
-            raise ValueError("lambda_b < 1 needs the pool's quality bias; this retriever has none")
+        Selection(k, lambda_d, lambda_b, shortlist).check(self)
         q = self.encoder.encode([query], "query")
         if lambda_d == 1.0 and lambda_b == 1.0:
             ids, _ = search(self.index, q, k)

@@ -40,10 +40,7 @@ def score_shared_prefix(
     scorer: LMScorer, prefix: str, targets: Sequence[str], fold: bool = True
 ) -> np.ndarray:
     """``(n,) float64`` summed log-probs of each target after ``prefix``; equals ``scorer.score([prefix]*n, targets)``.
-    ``fold=False`` runs every target as its own row (the baseline of ``benchmarks.truthfulqa``). A scorer without
-    in-process weights (``epr.served.ServerScorer``) scores the pairs plainly: the server shares the prefix."""
-    if getattr(scorer, "model", None) is None:
-        return scorer.score([prefix] * len(targets), list(targets))
+    ``fold=False`` runs every target as its own row (the baseline of ``benchmarks.truthfulqa``)."""
     model, tok = scorer.model, scorer.tok
     p = tok(prefix, add_special_tokens=True)["input_ids"] or [scorer._start]
     t_ids = [tok(t, add_special_tokens=False)["input_ids"] for t in targets]

@@ -104,6 +104,11 @@ class TokenScorer:
     def score_ids(self, pairs: Sequence[tuple[list[int], list[int]]]) -> np.ndarray:
         raise NotImplementedError
 
+    def score_after(self, prefix: str, targets: Sequence[str]) -> np.ndarray:
+        """Every target after one shared ``prefix`` (TruthfulQA's answers after a prompt); the in-process scorer
+        runs the prefix once (``epr.prefix_scoring``), a server shares it itself."""
+        return self.score([prefix] * len(targets), list(targets))
+
     def score_prefixed(
         self,
         prefixes: Sequence[str],
@@ -150,6 +155,11 @@ class LMScorer(TokenScorer):
             self.backbone = torch.compile(self.backbone, dynamic=True)
 
     # -- scoring --------------------------------------------------------------------------------
+    def score_after(self, prefix: str, targets: Sequence[str]) -> np.ndarray:
+        from epr.prefix_scoring import score_shared_prefix
+
+        return score_shared_prefix(self, prefix, list(targets))
+
     def score_ids(self, pairs: Sequence[tuple[list[int], list[int]]]) -> np.ndarray:
         self._check_fits(pairs)
         items = [_Item(i, c + t, len(c)) for i, (c, t) in enumerate(pairs)]

@@ -222,7 +222,6 @@ class ServerScorer(TokenScorer):
         # an empty context is the start token (as in-process), written out where the tokenizer adds none itself
         start = self._start_token()
         self._empty = "" if tokenizer("", add_special_tokens=True)["input_ids"] else tokenizer.decode([start])
-        self.on_sequence: Callable[[], None] | None = None  # progress hook, one call per scored sequence
 
     def payload(self, text: str) -> dict:
         return {
@@ -251,7 +250,7 @@ class ServerScorer(TokenScorer):
         # the previous prompt's prefix (llama.cpp keeps one per slot) computes it once for all of them
         order = sorted(range(len(texts)), key=texts.__getitem__)
         try:
-            sent = self.server.map("/completions", [self.payload(texts[i]) for i in order], self.on_sequence)
+            sent = self.server.map("/completions", [self.payload(texts[i]) for i in order])
         except ServerError as e:
             if "HTTP 400" in str(e) and ("context" in str(e).lower() or "token" in str(e).lower()):
                 raise SequenceTooLong(f"{e} (set server.max_length to the served context window)") from e
@@ -277,10 +276,8 @@ class ServerScorer(TokenScorer):
 class ServerGenerator:
     """Greedy generation through the server's completions endpoint, cut at the first ``stop``."""
 
-    def __init__(
-        self, server: OpenAIServer, model: str, tokenizer, max_new_tokens: int = 96, stop: str = "\n"
-    ):
-        self.server, self.model_name, self.tok = server, model, tokenizer
+    def __init__(self, server: OpenAIServer, model: str, max_new_tokens: int = 96, stop: str = "\n"):
+        self.server, self.model_name = server, model
         self.max_new_tokens, self.stop = max_new_tokens, stop
 
     def generate(self, prompts: Sequence[str]) -> list[str]:
@@ -369,4 +366,4 @@ def scorer_for_config(cfg, inference: bool = False) -> ServerScorer:
 def generator_for_config(cfg, stop: str) -> ServerGenerator:
     server = server_for(cfg.server)
     name, _ = served_model(server, served_name(cfg, inference=True))
-    return ServerGenerator(server, name, _tokenizer_for(cfg, True), cfg.generate.max_new_tokens, stop)
+    return ServerGenerator(server, name, cfg.generate.max_new_tokens, stop)

@@ -203,9 +203,7 @@ def context_text(icl: Sequence[tuple[int, str, str]], sel: Sequence[int] | None)
 
 def score_prompt(scorer: LMScorer, prompt: str, targets: Sequence[str]) -> list[float]:
     """Summed log-prob of each target after ``prompt``: the prompt runs once, its KV cache serves every target."""
-    from epr.prefix_scoring import score_shared_prefix
-
-    return score_shared_prefix(scorer, prompt, list(targets)).tolist()
+    return scorer.score_after(prompt, list(targets)).tolist()
 
 
 def score_question(scorer: LMScorer, r: dict, context: str) -> dict[str, float]:

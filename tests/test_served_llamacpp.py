@@ -131,7 +131,7 @@ def test_generation_through_the_server(server, lm32):
     ctxs, _ = demo_pairs(6)
     model, tok = lm32
     want = Generator(model, tok, max_new_tokens=24, stop="\n").generate(ctxs)
-    got = ServerGenerator(OpenAIServer(server.url, concurrency=2), "smollm2", tok, 24, "\n").generate(ctxs)
+    got = ServerGenerator(OpenAIServer(server.url, concurrency=2), "smollm2", 24, "\n").generate(ctxs)
     assert all(g and "\n" not in g for g in got)
     assert sum(a == b for a, b in zip(got, want)) >= len(want) // 2, (got, want)  # greedy, up to kernel noise
 

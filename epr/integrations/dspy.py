@@ -11,7 +11,7 @@ Selection is :meth:`epr.api.PromptRetriever.select` (EPR's top-k, or RAGSys re-r
 ``lambda_b``); demonstrations come in prompt order, the best last (right before the input), as EPR evaluates them.
 
     import dspy
-    from epr.api import PromptRetriever
+    from epr.api import PromptRetriever, Selection
     from epr.integrations.dspy import EPRPredict
 
     parse = EPRPredict("utterance -> parse", PromptRetriever.from_pretrained("my-retriever"), k=4)
@@ -27,7 +27,7 @@ from typing import Any
 
 import dspy
 
-from epr.api import PromptRetriever
+from epr.api import PromptRetriever, Selection
 
 __all__ = ["EPRDemos", "EPRPredict", "EPRFewShot"]
 
@@ -44,19 +44,12 @@ class EPRDemos:
         lambda_b: float = 1.0,
         shortlist: int = 50,
     ):
-        if lambda_b != 1.0 and retriever.quality is None:
-            raise ValueError("lambda_b < 1 needs the pool's quality bias; this retriever has none")
-        self.retriever, self.k, self.lambda_d, self.lambda_b, self.shortlist = (
-            retriever,
-            k,
-            lambda_d,
-            lambda_b,
-            shortlist,
-        )
+        self.retriever, self.selection = retriever, Selection(k, lambda_d, lambda_b, shortlist)
+        self.selection.check(retriever)
 
     def ids(self, query: str) -> list[int]:
         """Pool ids in prompt order (the best last)."""
-        return self.retriever.select(str(query), self.k, self.lambda_d, self.lambda_b, self.shortlist)[::-1]
+        return self.selection.ids(self.retriever, query)[::-1]
 
     def __call__(self, query: str, input_field: str, output_field: str) -> list[dspy.Example]:
         pool = self.retriever.pool

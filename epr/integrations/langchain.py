@@ -8,7 +8,7 @@
   demonstration tower, so any LangChain vector store can serve the trained dual encoder.
 
     from langchain_core.prompts import FewShotPromptTemplate, PromptTemplate
-    from epr.api import PromptRetriever
+    from epr.api import PromptRetriever, Selection
     from epr.integrations.langchain import EPRExampleSelector
 
     selector = EPRExampleSelector(PromptRetriever.from_pretrained("my-retriever"), k=4, lambda_d=0.75)
@@ -24,7 +24,7 @@ from typing import Any
 from langchain_core.embeddings import Embeddings
 from langchain_core.example_selectors import BaseExampleSelector
 
-from epr.api import PromptRetriever
+from epr.api import PromptRetriever, Selection
 from epr.train_data import demo_text
 from epr.types import Example
 
@@ -53,15 +53,9 @@ class EPRExampleSelector(BaseExampleSelector):
     ):
         if order not in ("best_last", "best_first"):
             raise ValueError(f"order={order!r}: best_last or best_first")
-        if lambda_b != 1.0 and retriever.quality is None:
-            raise ValueError("lambda_b < 1 needs the pool's quality bias; this retriever has none")
-        self.retriever, self.k, self.lambda_d, self.lambda_b = retriever, k, lambda_d, lambda_b
-        self.shortlist, self.input_keys, self.output_key, self.order = (
-            shortlist,
-            tuple(input_keys),
-            output_key,
-            order,
-        )
+        self.retriever, self.selection = retriever, Selection(k, lambda_d, lambda_b, shortlist)
+        self.selection.check(retriever)
+        self.input_keys, self.output_key, self.order = tuple(input_keys), output_key, order
 
     def _query(self, input_variables: dict[str, Any]) -> str:
         missing = [k for k in self.input_keys if k not in input_variables]
@@ -71,7 +65,7 @@ class EPRExampleSelector(BaseExampleSelector):
 
     def select_ids(self, query: str) -> list[int]:
         """Pool ids, best first (:meth:`epr.api.PromptRetriever.select`)."""
-        return self.retriever.select(query, self.k, self.lambda_d, self.lambda_b, self.shortlist)
+        return self.selection.ids(self.retriever, query)
 
     def select_examples(self, input_variables: dict[str, Any]) -> list[dict]:
         ids = self.select_ids(self._query(input_variables))
