@@ -1,125 +1,275 @@
-"""Inference-LM generation with plain vs oneDNN-packed linear layers (``epr.cpu_linear``), one run.
+"""Exact-match generation, engine against engine, on the same MTOP prompts in one run, with the machine's limits.
 
-Prompts: ``--n`` packaged demo commands, each after ``--demos`` seeded pool demonstrations (the compare stage's prompt
-layout). The same ``epr.generate.Generator`` runs them twice with SmolLM2 loaded once with ``pack=off`` and once with
-``pack=auto``, in alternating rounds (best round kept); the outputs must be identical. Also times the linear products
-of one decoding step (M rows) both ways, the shapes where the difference comes from.
+Prompts: the BM25 row of ``configs/mtop_curve.yaml`` (its seeded 1,000 validation examples, demonstrations fitted
+into the prompt budget by the prompts stage's own code). Engines, each in its own process (so each one's peak
+resident memory is its own), one after another:
 
-    python -m benchmarks.generate [--n 32] [--demos 4] [--batch 16] [--tag NAME]
+- ``hf``: ``transformers``' greedy ``generate`` (``Generator(engine="hf")``, the predict stage before the lean
+  decoder), batches of ``--hf-batch`` (the MTOP config's ``generate.batch_size``);
+- ``lean``: ``epr.decode.LeanDecoder`` (``Generator(engine="lean")``);
+- ``serve``: ``epr serve`` (llama.cpp, the packaged Q4_1 GGUF) through ``ServerGenerator`` (optional).
+
+The limits, measured here in the same run: the dtype's matmul peak (a 2048^3 product) bounds the prefill (2 x body
+parameters x prompt tokens, plus attention); the memory bandwidth (a sum over 1 GiB) bounds each decoding step,
+which must read every weight once. ``fraction_of_limit`` = (prefill bound + decode bound) / measured seconds for the
+lean decoder. Resident memory is sampled after every chunk of prompts (flat = nothing grows with the prompt count).
+
+    python -m benchmarks.generate [--n 1000] [--dtypes fp32,bf16] [--engines hf,lean] [--tag NAME]
+
+Writes ``benchmarks/results/generate[-TAG].{json,md}`` with ``speedup_lean_vs_hf`` and ``identical_fp32``.
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 
-import numpy as np
-import torch
-import torch.nn.functional as F
-
-from benchmarks.common import describe, machine, save
-from epr.config import DataConfig
-from epr.cpu_linear import PackedLinear, packing_supported
-from epr.generate import Generator
-from epr.models import load_lm
-from epr.tasks import get_task
+ROOT = Path(__file__).resolve().parents[1]
 
 
-def _prompts(n: int, demos: int, seed: int = 0) -> list[str]:
-    task = get_task(DataConfig(task="demo"))
-    pool, ev = task.load()
-    rng = np.random.default_rng(seed)
-    out = []
-    for ex in ev[:n]:
-        picks = rng.choice(len(pool), demos, replace=False)
-        out.append("".join(task.format_demo(pool[i]) for i in picks) + task.format_query(ex.input))
-    return out
+def mtop_prompts(n: int, data_dir: str) -> tuple[list[str], list[str]]:
+    """The BM25 row's prompts for the first ``n`` of the MTOP curve's seeded evaluation examples, and the gold
+    outputs."""
+    from epr.config import load_config
+    from epr.context import Context
+    from epr.pipeline import run_stage
+    from epr.retrievers import make_retriever
+    from epr.stages.prompts import prompt_maker
+    from epr.stages.retrieve import eval_examples
+
+    cfg = load_config(
+        [str(ROOT / "configs/mtop_curve.yaml")],
+        [f"data.data_dir={data_dir}", f"run_root={tempfile.gettempdir()}/epr-bench-generate"],
+    )
+    ctx = Context(cfg)
+    run_stage(ctx, "examples")
+    pool, ev = ctx.examples("pool"), eval_examples(ctx)[:n]
+    hits = make_retriever("bm25", pool, ctx.task, cfg).retrieve(ev, cfg.retrieve.k)
+    make = prompt_maker(ctx)
+    gold = [ctx.task.normalize(e.output) for e in ev]
+    return [make(e, ids).text for e, ids in zip(ev, hits.ids)], gold
 
 
-def _gemm_rates(rows: tuple[int, ...], shapes: tuple[tuple[int, int], ...], reps: int = 20) -> list[dict]:
-    res = []
-    for m in rows:
-        for k, n in shapes:
-            x, w = torch.randn(m, k), torch.randn(n, k)
-            p = PackedLinear(w)
-            row = {"M": m, "K": k, "N": n}
-            with torch.inference_mode():
-                fns = {"plain": functools.partial(F.linear, x, w), "packed": functools.partial(p, x)}
-                for name, f in fns.items():
-                    f()
-                    t = time.perf_counter()
-                    for _ in range(reps):
-                        f()
-                    row[name] = 2 * m * k * n * reps / (time.perf_counter() - t) / 1e9
-            res.append(row)
-    return res
+def rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def worker(
+    engine: str, dtype: str, prompts_file: str, out_file: str, hf_batch: int, max_new: int, limit: int
+) -> None:
+    import torch
+
+    from epr.generate import Generator
+    from epr.models import load_lm
+
+    prompts = json.loads(Path(prompts_file).read_text())[: limit or None]
+    rec: dict = {"engine": engine, "dtype": dtype, "rss_mb_after_chunk": [], "chunk_seconds": []}
+    chunk = 100
+    if engine == "serve":
+        from epr.llamacpp_server import launch
+        from epr.served import OpenAIServer, ServerGenerator
+
+        with launch("smollm2", threads=torch.get_num_threads()) as url:
+            server = OpenAIServer(url, concurrency=2)
+            gen = ServerGenerator(server, "smollm2", max_new, "\n")
+            gen.generate(prompts[:4])
+            t = time.perf_counter()
+            preds = []
+            for s in range(0, len(prompts), chunk):
+                preds += gen.generate(prompts[s : s + chunk])
+            rec["seconds"] = time.perf_counter() - t
+            server.close()
+    else:
+        model, tok = load_lm("smollm2", dtype=dtype)
+        g = Generator(model, tok, max_new, hf_batch, "\n", engine=engine)
+        g.generate(prompts[:4])  # warm-up (kernels, the stop table)
+        if g.lean is not None:
+            g.lean.stats = dict.fromkeys(g.lean.stats, 0)
+        rec["rss_mb_loaded"] = rss_mb()
+        t = time.perf_counter()
+        preds = []
+        for s in range(0, len(prompts), chunk):
+            t0 = time.perf_counter()
+            preds += g.generate(prompts[s : s + chunk])
+            rec["chunk_seconds"].append(time.perf_counter() - t0)
+            rec["rss_mb_after_chunk"].append(round(rss_mb(), 1))
+            print(
+                f"{engine} {dtype}: {len(preds)}/{len(prompts)} {time.perf_counter() - t:.0f} s", flush=True
+            )
+        rec["seconds"] = time.perf_counter() - t
+        if g.lean is not None:
+            rec["lean_stats"] = g.lean.stats
+        rec["prompt_tokens"] = sum(len(tok(p)["input_ids"]) for p in prompts)
+        rec["generated_tokens"] = sum(len(tok(y)["input_ids"]) + 1 for y in preds)  # + the stop token
+    rec["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    rec["predictions"] = preds
+    Path(out_file).write_text(json.dumps(rec))
+
+
+def memory_gbps(gib: float = 1.0, reps: int = 5) -> float:
+    """Read bandwidth: the best of ``reps`` sums over a ``gib`` GiB fp32 tensor."""
+    import torch
+
+    x = torch.ones(int(gib * 2**30 / 4))
+    x.sum()
+    best = float("inf")
+    for _ in range(reps):
+        t = time.perf_counter()
+        x.sum()
+        best = min(best, time.perf_counter() - t)
+    return x.numel() * 4 / best / 1e9
+
+
+def limits(dtype: str, stats: dict) -> dict:
+    """Lower bounds on the lean decoder's time from the measured peak and bandwidth."""
+    import torch
+
+    from benchmarks.common import matmul_tflops
+    from epr.models import load_lm
+
+    dt = torch.bfloat16 if dtype == "bf16" else torch.float32
+    model, _ = load_lm("smollm2", dtype=dtype, pack="off")
+    c = model.config
+    head = model.get_output_embeddings().weight.numel()
+    body = sum(
+        p.numel() for n, p in model.named_parameters() if "embed_tokens" not in n and "lm_head" not in n
+    )
+    el = 2 if dt == torch.bfloat16 else 4
+    peak = matmul_tflops(dt) * 1e12
+    bw = memory_gbps() * 1e9
+    T = stats["prompt_tokens"] / max(stats["prompts"], 1)
+    attn = (
+        2 * 2 * c.num_hidden_layers * c.hidden_size * T / 2
+    )  # per token: scores + weighted sum, causal half
+    prefill_s = stats["prompt_tokens"] * (2 * body + attn) / peak + stats["prompts"] * 2 * head / peak
+    decode_s = stats["decode_steps"] * (body + head) * el / bw
+    return {
+        "matmul_tflops": peak / 1e12,
+        "memory_gbps": bw / 1e9,
+        "body_params": body,
+        "head_params": head,
+        "prefill_bound_s": prefill_s,
+        "decode_bound_s": decode_s,
+    }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--n", type=int, default=32)
-    ap.add_argument("--demos", type=int, default=4)
-    ap.add_argument("--batch", type=int, default=16)
-    ap.add_argument("--max-new-tokens", type=int, default=40)
-    ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--tag", default="")
-    a = ap.parse_args()
-    if not packing_supported(torch.float32):
-        raise SystemExit("oneDNN weight packing is not available in this torch build: nothing to compare")
-
-    prompts = _prompts(a.n, a.demos)
-    gens = {}
-    for mode in ("off", "auto"):
-        model, tok = load_lm("smollm2", dtype="fp32", pack=mode)
-        gens[mode] = (Generator(model, tok, max_new_tokens=a.max_new_tokens, batch_size=a.batch), tok)
-    n_prompt = sum(len(gens["off"][1](p)["input_ids"]) for p in prompts)
-    times: dict[str, list[float]] = {"off": [], "auto": []}
-    outs = {}
-    gens["off"][0].generate(prompts[:2])  # warm-up
-    gens["auto"][0].generate(prompts[:2])
-    for _ in range(a.rounds):
-        for mode, (g, _) in gens.items():
-            t = time.perf_counter()
-            outs[mode] = g.generate(prompts)
-            times[mode].append(time.perf_counter() - t)
-    same = outs["off"] == outs["auto"]
-    n_new = sum(len(gens["off"][1](o)["input_ids"]) + 1 for o in outs["off"])  # + the stop token
-    t_off, t_on = min(times["off"]), min(times["auto"])
-    rates = _gemm_rates((1, 8, 16, 64, 512), ((576, 1536), (1536, 576), (576, 49152)))
-    raw = {
-        "machine": machine(),
-        "n_prompts": a.n,
-        "demos": a.demos,
-        "batch": a.batch,
-        "prompt_tokens": n_prompt,
-        "generated_tokens": n_new,
-        "seconds": times,
-        "speedup": t_off / t_on,
-        "identical_outputs": same,
-        "gemm_gflops": rates,
-    }
-    gemm = "\n".join(
-        f"| {r['M']} | {r['K']}x{r['N']} | {r['plain']:.1f} | {r['packed']:.1f} | {r['packed'] / r['plain']:.2f}x |"
-        for r in rates
+    ap.add_argument("--n", type=int, default=1000)
+    ap.add_argument("--dtypes", default="fp32,bf16")
+    ap.add_argument("--engines", default="hf,lean")
+    ap.add_argument("--hf-batch", type=int, default=16)
+    ap.add_argument(
+        "--hf-limit",
+        default="",
+        help="DTYPE=N,...: the HF engine runs only the first N prompts for that dtype (it is the slow one); the "
+        "speed-up compares both engines on those prompts, chunk by chunk",
     )
-    md = f"""# Generation: plain vs oneDNN-packed linear layers (SmolLM2-135M, fp32)
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--data-dir", default=str(ROOT.parent / "shared/data"))
+    ap.add_argument("--tag", default="")
+    ap.add_argument("--limit", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--worker", nargs=3, metavar=("ENGINE", "DTYPE", "FILES"), help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.worker:
+        engine, dtype, files = a.worker
+        pf, of = files.split(",")
+        return worker(engine, dtype, pf, of, a.hf_batch, a.max_new_tokens, a.limit)
 
-Machine: {describe(raw["machine"])}. {a.n} demo prompts ({a.demos} seeded demonstrations each, {n_prompt} prompt
-tokens in all), greedy, batch {a.batch}, {n_new} generated tokens; best of {a.rounds} alternating rounds.
+    from benchmarks.common import describe, machine, save
 
-| linear layers | seconds | prompt+generated tokens/s |
-|---|---|---|
-| plain (`F.linear`, MKL) | {t_off:.1f} | {(n_prompt + n_new) / t_off:.0f} |
-| packed (`epr.cpu_linear`, oneDNN) | {t_on:.1f} | {(n_prompt + n_new) / t_on:.0f} |
+    prompts, golds = mtop_prompts(a.n, a.data_dir)
+    tmp = Path(tempfile.mkdtemp(prefix="epr-bench-gen-"))
+    pf = tmp / "prompts.json"
+    pf.write_text(json.dumps(prompts))
+    runs: dict[str, dict] = {}
+    hf_limit = {d: int(n) for d, n in (x.split("=") for x in a.hf_limit.split(",") if x)}
+    for dtype in a.dtypes.split(","):
+        for engine in a.engines.split(","):
+            if engine == "serve" and dtype != a.dtypes.split(",")[0]:
+                continue  # the server has one arithmetic (Q4_1): run it once
+            of = tmp / f"{engine}-{dtype}.json"
+            cmd = [sys.executable, "-m", "benchmarks.generate", "--worker", engine, dtype, f"{pf},{of}"]
+            cmd += ["--hf-batch", str(a.hf_batch), "--max-new-tokens", str(a.max_new_tokens)]
+            if engine == "hf" and dtype in hf_limit:
+                cmd += ["--limit", str(hf_limit[dtype])]
+            subprocess.run(cmd, check=True, cwd=ROOT)
+            rec = json.loads(of.read_text())
+            name = "serve" if engine == "serve" else f"{engine}-{dtype}"
+            runs[name] = rec
+            rec["n"] = len(rec["predictions"])
+            rec["em"] = sum(" ".join(p.split()) == g for p, g in zip(rec["predictions"], golds)) / rec["n"]
+            print(f"{name}: {rec['seconds']:.1f} s, {rec['n'] / rec['seconds']:.2f} prompts/s", flush=True)
 
-**Speed-up: {raw["speedup"]:.2f}x**; outputs identical: {same}.
+    raw: dict = {"machine": machine(), "n_prompts": len(prompts), "max_new_tokens": a.max_new_tokens}
+    raw["hf_batch"] = a.hf_batch
+    for dtype in a.dtypes.split(","):
+        hf, lean = runs.get(f"hf-{dtype}"), runs.get(f"lean-{dtype}")
+        if hf and lean:
+            n = min(hf["n"], lean["n"])  # the same prompts: HF may have run only the first chunks
+            c = len(hf["chunk_seconds"])
+            same = sum(x == y for x, y in zip(hf["predictions"][:n], lean["predictions"][:n]))
+            raw[f"speedup_lean_vs_hf_{dtype}"] = sum(hf["chunk_seconds"]) / sum(lean["chunk_seconds"][:c])
+            raw[f"compared_prompts_{dtype}"] = n
+            raw[f"same_predictions_{dtype}"] = same
+            if dtype == "fp32":
+                raw["identical_fp32"] = same == n
+        if lean:
+            lean["limits"] = limits(dtype, lean["lean_stats"])
+            lim = lean["limits"]
+            lean["fraction_of_limit"] = (lim["prefill_bound_s"] + lim["decode_bound_s"]) / lean["seconds"]
+    first = a.dtypes.split(",")[0]
+    if f"speedup_lean_vs_hf_{first}" in raw:
+        raw["speedup_lean_vs_hf"] = raw[f"speedup_lean_vs_hf_{first}"]
+    raw["runs"] = runs
 
-Linear products alone (GFLOP/s; M rows: 8-16 is a decoding step, 512 a prefill chunk; 576x49152 is the LM head):
+    rows = []
+    for name, r in runs.items():
+        tok_s = (r.get("prompt_tokens", 0) + r.get("generated_tokens", 0)) / r["seconds"]
+        frac = f"{r['fraction_of_limit']:.2f}" if "fraction_of_limit" in r else ""
+        rss = r.get("rss_mb_after_chunk") or [0]
+        rows.append(
+            f"| {name} | {r['n']} | {r['seconds']:.1f} | {r['n'] / r['seconds']:.2f} | {tok_s:.0f} | "
+            f"{100 * r['em']:.1f} | {r['peak_rss_mb']:.0f} | {rss[0]:.0f} → {rss[-1]:.0f} | {frac} |"
+        )
+    lims = "\n".join(
+        f"- {d}: matmul peak {runs[f'lean-{d}']['limits']['matmul_tflops']:.2f} TFLOP/s, memory "
+        f"{runs[f'lean-{d}']['limits']['memory_gbps']:.1f} GB/s; lean decoder's bounds: prefill "
+        f"{runs[f'lean-{d}']['limits']['prefill_bound_s']:.1f} s + decode "
+        f"{runs[f'lean-{d}']['limits']['decode_bound_s']:.1f} s "
+        f"({runs[f'lean-{d}']['lean_stats']['decode_steps']} batched steps)"
+        for d in a.dtypes.split(",")
+        if f"lean-{d}" in runs
+    )
+    sp = "\n".join(
+        f"- {d}: lean vs HF **{raw[f'speedup_lean_vs_hf_{d}']:.2f}x** on the same "
+        f"{raw[f'compared_prompts_{d}']} prompts, same predictions "
+        f"{raw[f'same_predictions_{d}']}/{raw[f'compared_prompts_{d}']}"
+        for d in a.dtypes.split(",")
+        if f"speedup_lean_vs_hf_{d}" in raw
+    )
+    md = f"""# Exact-match generation: transformers' generate vs the lean decoder (SmolLM2-135M)
 
-| M | K x N | plain | packed | ratio |
-|---|---|---|---|---|
-{gemm}
+Machine: {describe(raw["machine"])}. {len(prompts)} MTOP prompts (the BM25 row of `configs/mtop_curve.yaml`),
+greedy, at most {a.max_new_tokens} new tokens, stop at a newline; HF batches of {a.hf_batch}. Each engine in its own
+process, one after another. `python -m benchmarks.generate {" ".join(sys.argv[1:])}`
+
+| engine | prompts | seconds | prompts/s | prompt+generated tokens/s | EM | peak RSS MB | RSS over the run MB | fraction of limit |
+|---|---|---|---|---|---|---|---|---|
+{chr(10).join(rows)}
+
+{sp}
+
+Limits measured in the same run:
+{lims}
 """
     save("generate" + (f"-{a.tag}" if a.tag else ""), raw, md)
 

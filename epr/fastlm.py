@@ -93,9 +93,11 @@ class FastLlama(torch.nn.Module):
         sin = torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)
         return cos[:, :, None, :], sin[:, :, None, :]
 
-    def _layers(self, ids, pos, past=None, past_mask=None, keep_kv=False):
-        """The decoder stack. ``past``: per layer ``(k, v)`` of ``(B, Hkv, P, D)`` that every query attends to where
-        ``past_mask (B, P)`` is True (a shared prefix); the new tokens attend causally among themselves."""
+    def stack(self, ids, pos, attend=None, final_norm=True):
+        """The decoder stack over ``ids (B, T)`` at positions ``pos (B, T)`` (or ``(1, T)``). ``attend(layer, q, k,
+        v) -> o`` (heads-first ``(B, heads, T, D)``) is the attention; by default causal among the new tokens. A
+        prefix's or a KV cache's keys and values come in through ``attend`` (:meth:`forward_after`,
+        :mod:`epr.decode`). Returns the hidden states ``(B, T, H)``, final-normed when ``final_norm``."""
         B, T = ids.shape
         H, Hkv, D = self.H, self.Hkv, self.D
         x = self.embed(ids)
@@ -103,11 +105,7 @@ class FastLlama(torch.nn.Module):
         half = D // 2
         h = x.reshape(B * T, -1)
         nq, nk = H * D, Hkv * D
-        mask = None
-        if past is not None:
-            causal = torch.ones(T, T, dtype=torch.bool, device=ids.device).tril()
-            mask = torch.cat([past_mask[:, None, :].expand(B, T, -1), causal.expand(B, T, T)], dim=2)[:, None]
-        kvs = []
+        attend = attend or self.causal
         for li, (ln1, wqkv, wo, ln2, wgu, wd) in enumerate(self.layers):
             a = _rms_norm(h, ln1, self.eps)
             qkv = wqkv(a)
@@ -116,39 +114,41 @@ class FastLlama(torch.nn.Module):
             q = qk[:, :, :H].transpose(1, 2)
             k = qk[:, :, H:].transpose(1, 2)
             v = qkv[:, nq + nk :].view(B, T, Hkv, D).transpose(1, 2)
-            if keep_kv:
-                kvs.append((k, v))
-            if past is None:
-                o = F.scaled_dot_product_attention(
-                    q, k, v, is_causal=True, scale=self.scale, enable_gqa=Hkv != H
-                )
-            else:
-                pk, pv = past[li]
-                o = F.scaled_dot_product_attention(
-                    q,
-                    torch.cat([pk, k], dim=2),
-                    torch.cat([pv, v], dim=2),
-                    attn_mask=mask,
-                    scale=self.scale,
-                    enable_gqa=Hkv != H,
-                )
+            o = attend(li, q, k, v)
             h = h + wo(o.transpose(1, 2).reshape(B * T, nq))
             a = _rms_norm(h, ln2, self.eps)
             gu = wgu(a)
             h = h + wd(F.silu(gu[:, : self.I]) * gu[:, self.I :])
-        return _rms_norm(h, self.final_w, self.eps).view(B, T, -1), kvs
+        h = h.view(B, T, -1)
+        return _rms_norm(h, self.final_w, self.eps) if final_norm else h
+
+    def final_norm(self, h: torch.Tensor) -> torch.Tensor:
+        return _rms_norm(h, self.final_w, self.eps)
+
+    def causal(self, li: int, q, k, v, mask=None) -> torch.Tensor:
+        """Attention of ``q`` over ``k, v`` (grouped key/value heads): causal, or under a boolean ``mask``."""
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=mask is None, scale=self.scale, enable_gqa=self.Hkv != self.H
+        )
 
     @torch.inference_mode()
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         T = ids.shape[1]
-        return self._layers(ids, torch.arange(T, device=ids.device)[None])[0]
+        return self.stack(ids, torch.arange(T, device=ids.device)[None])
 
     @torch.inference_mode()
     def prefix_kv(self, ids: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per-layer keys/values ``(G, Hkv, P, D)`` of right-padded prefixes ``ids (G, P)`` (pads never matter:
         the prefix tokens before them do not attend to them, and the suffixes mask them out)."""
         T = ids.shape[1]
-        return self._layers(ids, torch.arange(T, device=ids.device)[None], keep_kv=True)[1]
+        kvs = []
+
+        def keep(li, q, k, v):
+            kvs.append((k, v))
+            return self.causal(li, q, k, v)
+
+        self.stack(ids, torch.arange(T, device=ids.device)[None], keep, final_norm=False)
+        return kvs
 
     @torch.inference_mode()
     def forward_after(
@@ -156,8 +156,16 @@ class FastLlama(torch.nn.Module):
     ) -> torch.Tensor:
         """Hidden states of right-padded suffixes ``ids (B, S)`` that continue prefixes of lengths ``start (B,)``,
         given the prefixes' per-layer keys/values ``(B, Hkv, P, D)`` and their validity ``past_mask (B, P)``."""
-        pos = start[:, None] + torch.arange(ids.shape[1], device=ids.device)[None]
-        return self._layers(ids, pos, past, past_mask)[0]
+        B, T = ids.shape
+        pos = start[:, None] + torch.arange(T, device=ids.device)[None]
+        causal = torch.ones(T, T, dtype=torch.bool, device=ids.device).tril()
+        mask = torch.cat([past_mask[:, None, :].expand(B, T, -1), causal.expand(B, T, T)], dim=2)[:, None]
+
+        def after(li, q, k, v):
+            pk, pv = past[li]
+            return self.causal(li, q, torch.cat([pk, k], dim=2), torch.cat([pv, v], dim=2), mask)
+
+        return self.stack(ids, pos, after)
 
 
 def fast_backbone(model) -> FastLlama | None:

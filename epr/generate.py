@@ -1,4 +1,8 @@
-"""Batched greedy generation with the inference LM, stopping at the end of the program (a newline)."""
+"""Batched greedy generation with the inference LM, stopping at the end of the program (a newline).
+
+``engine="auto"`` uses the lean decoder (:mod:`epr.decode`) for the models the lean forward covers and
+``transformers``' ``generate`` for the rest; ``"hf"`` always the latter (the reference the lean one is tested
+against), ``"lean"`` refuses a model it does not cover."""
 
 from __future__ import annotations
 
@@ -12,15 +16,56 @@ __all__ = ["Generator"]
 log = logging.getLogger(__name__)
 
 
+ENGINES = ("auto", "lean", "hf")
+
+
 class Generator:
-    def __init__(self, model, tokenizer, max_new_tokens: int = 96, batch_size: int = 8, stop: str = "\n"):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        max_new_tokens: int = 96,
+        batch_size: int = 8,
+        stop: str = "\n",
+        engine: str = "auto",
+        decode_rows: int = 64,
+        prefill_tokens: int = 8192,
+    ):
+        if engine not in ENGINES:
+            raise ValueError(f"generate.engine must be one of {', '.join(ENGINES)}, not {engine!r}")
         self.model, self.tok = model, tokenizer
         self.max_new_tokens, self.batch_size, self.stop = max_new_tokens, batch_size, stop
         self._stop_in_vocab: bool | None = None  # found out on the first batch
+        self.lean = None
+        if engine != "hf":
+            from epr.decode import LeanDecoder
+            from epr.fastlm import fast_backbone
+
+            fast = fast_backbone(model)
+            if fast is None and engine == "lean":
+                raise ValueError(
+                    f"generate.engine=lean: the lean decoder does not cover {type(model).__name__}; use auto or hf"
+                )
+            if fast is not None:
+                self.lean = LeanDecoder(
+                    model, fast, tokenizer, max_new_tokens, stop, decode_rows, prefill_tokens
+                )
+        self.engine = "lean" if self.lean is not None else "hf"
+
+    def _cut(self, text: str) -> str:
+        return text.split(self.stop, 1)[0].strip() if self.stop else text.strip()
+
+    def generate(self, prompts: Sequence[str]) -> list[str]:
+        """Greedy continuations, cut at the first ``stop``."""
+        if self.lean is None:
+            return self.generate_hf(prompts)
+        ids = [self.tok(p)["input_ids"] for p in prompts]
+        gen = self.lean.generate_ids(ids)
+        return [self._cut(self.tok.decode(g, skip_special_tokens=True)) for g in gen]
 
     @torch.inference_mode()
-    def generate(self, prompts: Sequence[str]) -> list[str]:
-        """Greedy continuations, cut at the first ``stop``; prompts are length-sorted into left-padded batches."""
+    def generate_hf(self, prompts: Sequence[str]) -> list[str]:
+        """``transformers``' greedy ``generate``: prompts length-sorted into left-padded batches."""
         tok = self.tok
         tok.padding_side = "left"
         try:
@@ -34,7 +79,7 @@ class Generator:
                 gen = self._generate(enc)
                 texts = tok.batch_decode(gen[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
                 for i, t in zip(idx, texts):
-                    out[i] = t.split(self.stop, 1)[0].strip()
+                    out[i] = self._cut(t)
             return out
         finally:
             tok.padding_side = "right"
