@@ -130,13 +130,19 @@ class PromptRetriever:
         return r
 
     def save_pretrained(
-        self, out: str | Path, card: str | None = None, run: str | Path | None = None
+        self,
+        out: str | Path,
+        card: str | None = None,
+        run: str | Path | None = None,
+        overwrite: bool = False,
     ) -> Path:
         """A self-contained folder (encoder, pool, faiss index, prompt rules, tokenizer, RAGSys settings and
-        quality bias, model card) that :meth:`from_pretrained` loads with no run folder or config."""
+        quality bias, model card, a manifest of file digests) that :meth:`from_pretrained` loads with no run folder
+        or config. A non-empty ``out`` is refused unless ``overwrite`` (and the run folder, the current and the
+        home folder always are)."""
         from epr import shipping
 
-        return shipping.save(self, out, card, run)
+        return shipping.save(self, out, card, run, overwrite)
 
     @classmethod
     def from_pretrained(

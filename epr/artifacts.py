@@ -10,6 +10,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import tempfile
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -22,6 +23,10 @@ from epr.types import InputError
 
 __all__ = [
     "atomic_write_text",
+    "file_mode",
+    "dir_mode",
+    "remove_stale_temps",
+    "prune_outputs",
     "read_jsonl",
     "open_text",
     "write_jsonl",
@@ -38,12 +43,102 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
+def _umask() -> int:
+    try:  # Linux: read it without changing it (os.umask's set-and-restore races with other threads)
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    old = os.umask(0o022)
+    os.umask(old)
+    return old
+
+
+def file_mode() -> int:
+    """The mode ``open`` gives a new file under the process's umask (0644 under 022): temp files are made 0600."""
+    return 0o666 & ~_umask()
+
+
+def dir_mode() -> int:
+    """The mode ``mkdir`` gives a new folder under the process's umask (0755 under 022)."""
+    return 0o777 & ~_umask()
+
+
+# a temp file names its writer's process: ``.<name>.<pid>.<random>.tmp``, so the next run can tell a temp file
+# left by a killed writer (removed) from one another live process is writing (kept)
+_TEMP = re.compile(r"^\..+\.(\d+)(\.[A-Za-z0-9_]+)?\.tmp$")
+_OLD_TEMP = re.compile(r"^(\..+\.[A-Za-z0-9_]+\.tmp|.+\.tmp\.npy)$")  # written before the pid was in the name
+
+
+def _temp(path: Path) -> tuple[int, str]:
+    return tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp")
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # exists, another user's
+        return True
+    return True
+
+
+def remove_stale_temps(folder: str | Path, older_than: float = 600.0) -> int:
+    """Remove the temp files a killed writer left in ``folder`` (between its temp write and its rename): those of
+    a process that no longer runs, and unnamed ones older than ``older_than`` seconds. Returns how many."""
+    folder, n = Path(folder), 0
+    if not folder.is_dir():
+        return 0
+    now = time.time()
+    for f in folder.iterdir():
+        m = _TEMP.match(f.name)
+        if m is not None:
+            stale = not _alive(int(m.group(1)))
+        elif _OLD_TEMP.match(f.name):
+            try:
+                stale = now - f.stat().st_mtime > older_than
+            except OSError:
+                continue
+        else:
+            continue
+        if stale and f.is_file():
+            try:
+                f.unlink()
+                n += 1
+            except OSError:
+                pass
+    if n:
+        log.info("%s: removed %d temp file(s) left by a killed run", folder, n)
+    return n
+
+
+def prune_outputs(stage_dir: str | Path, produced: Iterable[str]) -> list[str]:
+    """Remove the files of ``stage_dir`` (top level) that this run of the stage did not write (``produced``: file
+    names), so an output a former config made (``quality_bias.npy`` of a dropped ``+bias``, the rows of a removed
+    retriever) is never read as this run's. Sub-folders (resumable parts) are left alone. Returns what went."""
+    keep = {*produced, "manifest.json"}
+    gone = []
+    for f in sorted(Path(stage_dir).iterdir()):
+        if f.is_file() and f.name not in keep:
+            f.unlink()
+            gone.append(f.name)
+    if gone:
+        log.info("%s: removed outputs this config no longer makes: %s", stage_dir, ", ".join(gone))
+    return gone
+
+
 def atomic_write_text(path: str | Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temp file and ``os.replace``: readers never see half a file."""
+    """Write ``text`` to ``path`` through a temp file and ``os.replace``: readers never see half a file. The file
+    gets the mode the umask gives a new file (not the temp file's 0600)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = _temp(path)
     try:
+        os.fchmod(fd, file_mode())
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
         os.replace(tmp, path)
@@ -126,9 +221,16 @@ def open_text(path: Path, newline: str | None = None):
 def save_npy(path: str | Path, array: np.ndarray) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp.npy")
-    np.save(tmp, np.ascontiguousarray(array), allow_pickle=False)
-    os.replace(tmp, path)
+    fd, tmp = _temp(path)
+    try:
+        os.fchmod(fd, file_mode())
+        with os.fdopen(fd, "wb") as f:
+            np.save(f, np.ascontiguousarray(array), allow_pickle=False)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
 
 
 def load_npy(path: str | Path) -> np.ndarray:
@@ -212,6 +314,7 @@ class ChunkStore:
     def claim(self) -> None:
         """Make the folder this key's: chunks of another key are deleted, ``KEY.json`` names the key."""
         self.root.mkdir(parents=True, exist_ok=True)
+        remove_stale_temps(self.root)
         stamp = self.root / "KEY.json"
         old = json.loads(stamp.read_text(encoding="utf-8")).get("fingerprint") if stamp.exists() else None
         if old != self.fp:

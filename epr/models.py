@@ -121,7 +121,10 @@ def _convert_gguf(gguf: Path, out_dir: Path) -> Path:
     if [m for m in missing if "lm_head" not in m] or unexpected:
         raise RuntimeError(f"GGUF conversion: missing {missing}, unexpected {unexpected}")
     fresh.tie_weights()
+    from epr.artifacts import dir_mode
+
     tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=out_dir.name + "."))
+    os.chmod(tmp, dir_mode())  # mkdtemp's 0700 would hide the converted model from the cache's other users
     fresh.save_pretrained(tmp)
     tok.save_pretrained(tmp)
     if out_dir.exists():
