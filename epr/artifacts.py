@@ -28,12 +28,14 @@ __all__ = [
     "remove_stale_temps",
     "prune_outputs",
     "read_jsonl",
+    "read_jsonl_lines",
     "open_text",
     "write_jsonl",
     "save_npy",
     "load_npy",
     "fingerprint",
     "file_digest",
+    "cached_digest",
     "write_manifest",
     "read_manifest",
     "stage_state",
@@ -162,23 +164,52 @@ def write_jsonl(path: str | Path, rows: Iterable[Any]) -> int:
 def read_jsonl(path: str | Path, required: Iterable[str] = ()) -> Iterator[dict[str, Any]]:
     """Yield the objects of a JSONL file (UTF-8, a leading byte-order mark allowed; ``.gz`` too). A malformed
     line, a byte that is not UTF-8 or a missing field raises ``InputError`` naming the file and the 1-based line
-    number. Blank lines are allowed and skipped."""
+    number. Blank lines are allowed and skipped. A file holding one JSON array of objects (``[{...}, ...]``) is
+    read as its elements."""
+    for _, row in read_jsonl_lines(path, required):
+        yield row
+
+
+def read_jsonl_lines(path: str | Path, required: Iterable[str] = ()) -> Iterator[tuple[int, dict[str, Any]]]:
+    """:func:`read_jsonl` with each object's 1-based line number (a JSON array's elements: their index)."""
     path = Path(path)
     required = tuple(required)
+
+    def check(row: Any, where: str) -> dict[str, Any]:
+        if not isinstance(row, dict):
+            raise InputError(f"{where}: expected a JSON object (one per line), got {type(row).__name__}")
+        missing = [k for k in required if k not in row]
+        if missing:
+            raise InputError(f"{where}: missing field(s) {missing}; present: {sorted(row)}")
+        return row
+
     with open_text(path) as f:
+        first = True
         for lineno, line in enumerate(f, start=1):
             if not line.strip():
                 continue
+            if first and line.lstrip().startswith("["):  # a JSON array file, not JSON Lines: read it whole
+                rest = line + "".join(f)
+                try:
+                    rows = json.loads(rest)
+                except json.JSONDecodeError as e:
+                    raise InputError(
+                        f"{path}:{lineno - 1 + e.lineno}: the file starts like a JSON array but is not valid JSON "
+                        f"({e.msg} at column {e.colno}); write one JSON object per line (JSON Lines) or a valid array"
+                    ) from None
+                if not isinstance(rows, list):
+                    raise InputError(
+                        f"{path}:{lineno}: expected JSON Lines (one object per line) or one array"
+                    )
+                for i, row in enumerate(rows, start=1):
+                    yield i, check(row, f"{path}: array element {i}")
+                return
+            first = False
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as e:
                 raise InputError(f"{path}:{lineno}: malformed JSON ({e.msg} at column {e.colno})") from None
-            if not isinstance(row, dict):
-                raise InputError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
-            missing = [k for k in required if k not in row]
-            if missing:
-                raise InputError(f"{path}:{lineno}: missing field(s) {missing}; present: {sorted(row)}")
-            yield row
+            yield lineno, check(row, f"{path}:{lineno}")
 
 
 def open_text(path: Path, newline: str | None = None):
@@ -186,36 +217,53 @@ def open_text(path: Path, newline: str | None = None):
     iterator of ``str``.
 
     A leading byte-order mark (what many Windows tools write) is dropped (``utf-8-sig``). A byte that is not
-    UTF-8 raises ``InputError`` naming the file, the 1-based line, the column and the byte offset.
-    ``newline`` is ``open``'s (``""`` for the csv module)."""
+    UTF-8 raises ``InputError`` naming the file, the 1-based line, the column and the byte offset; so do a folder,
+    a ``.gz`` that is not gzip or is cut short. ``newline`` is ``open``'s (``""`` for the csv module)."""
     import contextlib
     import gzip
+    import zlib
 
+    path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such file")
+    if path.is_dir():
+        raise InputError(f"{path}: a folder, not a file; name the data file itself (e.g. {path}/train.jsonl)")
     opener = gzip.open if path.suffix == ".gz" else open
 
     def lines() -> Iterator[str]:
-        with opener(path, "rt", encoding="utf-8-sig", newline=newline) as f:
-            try:
-                yield from f
-            except UnicodeDecodeError as e:
-                # the text layer decodes in chunks: find the first bad byte again, line by line, in bytes
-                offset = 0
-                with opener(path, "rb") as raw:
-                    for lineno, b in enumerate(raw, start=1):
-                        try:
-                            b.decode("utf-8")
-                        except UnicodeDecodeError as bad:
-                            raise InputError(
-                                f"{path}:{lineno}: not UTF-8: byte 0x{b[bad.start]:02x} at column {bad.start + 1}"
-                                f" (byte offset {offset + bad.start}); the file must be UTF-8 (re-save it as"
-                                " UTF-8, e.g. `iconv -f cp1252 -t utf-8 in.csv > out.csv`)"
-                            ) from None
-                        offset += len(b)
-                raise InputError(f"{path}: not UTF-8 ({e}); the file must be UTF-8") from None
+        n = 0
+        try:
+            with opener(path, "rt", encoding="utf-8-sig", newline=newline) as f:
+                try:
+                    for line in f:
+                        n += 1
+                        yield line
+                except UnicodeDecodeError as e:
+                    _bad_utf8(path, opener, e)
+        except (gzip.BadGzipFile, EOFError, zlib.error) as e:
+            raise InputError(
+                f"{path}: not a whole gzip file ({e}; {n} lines read); a .gz name needs gzip data: re-compress "
+                "it (gzip -k file) or drop the .gz suffix if it is plain text"
+            ) from None
 
     return contextlib.closing(lines())
+
+
+def _bad_utf8(path: Path, opener, e: UnicodeDecodeError):
+    # the text layer decodes in chunks: find the first bad byte again, line by line, in bytes
+    offset = 0
+    with opener(path, "rb") as raw:
+        for lineno, b in enumerate(raw, start=1):
+            try:
+                b.decode("utf-8")
+            except UnicodeDecodeError as bad:
+                raise InputError(
+                    f"{path}:{lineno}: not UTF-8: byte 0x{b[bad.start]:02x} at column {bad.start + 1}"
+                    f" (byte offset {offset + bad.start}); the file must be UTF-8 (re-save it as"
+                    " UTF-8, e.g. `iconv -f cp1252 -t utf-8 in.csv > out.csv`)"
+                ) from None
+            offset += len(b)
+    raise InputError(f"{path}: not UTF-8 ({e}); the file must be UTF-8") from None
 
 
 def save_npy(path: str | Path, array: np.ndarray) -> None:
@@ -248,6 +296,51 @@ def file_digest(path: str | Path) -> str | None:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()[:16]
+
+
+_DIGESTS: dict[tuple, str] = {}
+
+
+def _digest_store() -> Path:
+    return Path(os.environ.get("EPR_CACHE") or Path.home() / ".cache" / "epr") / "digests.json"
+
+
+def cached_digest(path: str | Path, full: bool = False) -> str | None:
+    """:func:`file_digest` (``full``: all 64 hex digits) of the file's whole content, remembered by its resolved
+    path, size, mtime and ctime (in this process and in ``$EPR_CACHE/digests.json`` across processes), so a large
+    file (a model's weights, a data set) is hashed once, and again only after it changed. None when it is absent."""
+    p = Path(path)
+    try:
+        st = p.stat()
+    except OSError:
+        return None
+    if not p.is_file():
+        return None
+    key = (str(p.resolve()), st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    skey = json.dumps(key)
+    if key not in _DIGESTS:
+        store = _digest_store()
+        try:
+            known = json.loads(store.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            known = {}
+        if not isinstance(known, dict):
+            known = {}
+        if skey in known:
+            _DIGESTS[key] = known[skey]
+        else:
+            h = hashlib.sha256()
+            with open(p, "rb") as f:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    h.update(block)
+            _DIGESTS[key] = known[skey] = h.hexdigest()
+            try:  # a lost entry (two processes writing at once) is only hashed again
+                live = {k: v for k, v in known.items() if Path(json.loads(k)[0]).exists()}
+                atomic_write_text(store, json.dumps(live, indent=0, sort_keys=True) + "\n")
+            except OSError:
+                pass
+    d = _DIGESTS[key]
+    return d if full else d[:16]
 
 
 def fingerprint(obj: Any) -> str:

@@ -229,15 +229,17 @@ def default_device() -> str:
 
 
 def model_identity(name: str) -> dict:
-    """What names a model's weights: the name, and for a local folder also the sizes and a digest of the first MiB
-    of its files (``files``), so a folder whose weights were replaced is another model to every cache."""
+    """What names a model's weights: the name, and for a local folder also a digest of the full content of its
+    files (``files``), so a folder whose weights were replaced, even in place, is another model to every cache.
+    Each file is hashed once and remembered by path, size and modification time (``artifacts.cached_digest``)."""
+    from epr.artifacts import cached_digest
+
     p = Path(name)
     if not p.is_dir():
         return {"lm": name}
     h = hashlib.sha256()
     for f in sorted(x for x in p.iterdir() if x.is_file()):
-        with open(f, "rb") as fh:
-            h.update(f.name.encode() + str(f.stat().st_size).encode() + fh.read(1 << 20))
+        h.update(f.name.encode() + b"\0" + str(cached_digest(f, full=True)).encode() + b"\n")
     return {"lm": name, "files": h.hexdigest()[:16]}
 
 

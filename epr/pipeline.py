@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from epr.artifacts import file_digest, fingerprint, remove_stale_temps, stage_state, write_manifest
+from epr.artifacts import cached_digest, fingerprint, remove_stale_temps, stage_state, write_manifest
 from epr.context import Context
 from epr.rerank import parse_retriever_name
 from epr.stages import candidates, data, encoder, evaluate, labels, predict, prompts, rerank, retrieve, scores
@@ -40,9 +40,12 @@ def _const(*deps: str):
 
 def _examples_keys(ctx: Context) -> dict:
     keys: dict = {"data": ctx.cfg.section("data")}
-    files = [p for p in (ctx.cfg.data.path, ctx.cfg.data.eval_path) if p]
-    if files:  # a user's own files may be edited in place: their content is part of the key
-        keys["files"] = {p: file_digest(p) for p in files}
+    # data files may be edited or replaced in place: their content is part of the key (hashed once per change)
+    files = [p for p in (ctx.cfg.data.path, ctx.cfg.data.eval_path) if p] or [
+        str(f) for f in ctx.task.data_files()
+    ]
+    if files:
+        keys["files"] = {p: cached_digest(p) for p in files}
     return keys
 
 
