@@ -144,6 +144,35 @@ def check_license(name: str) -> None:
         )
 
 
+def check_findable(name: str, kind: str, kinds: tuple[str, ...]) -> None:
+    """A model that is neither packaged, nor a local folder, nor on the hub as far as can be known (offline and
+    not in the hub cache; or a path, not an ``owner/name`` id) is an error that lists what would work, instead of
+    transformers' hub-connection error."""
+    import re
+
+    from epr.types import InputError
+
+    if Path(name).exists():
+        return
+    packaged = ", ".join(k for k, v in PACKAGED.items() if v["kind"] in kinds)
+    hub_id = re.fullmatch(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?", name) is not None and not name.startswith(".")
+    flags = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    offline = any(os.environ.get(f, "").lower() in ("1", "true", "yes", "on") for f in flags)
+    if hub_id and not offline:
+        return  # the hub may have it: transformers says if not
+    if hub_id:
+        from huggingface_hub import try_to_load_from_cache
+
+        for f in ("config.json", "modules.json"):
+            if isinstance(try_to_load_from_cache(name, f), str):
+                return
+    why = "the hub is off (HF_HUB_OFFLINE=1) and its cache does not hold it" if hub_id else "no such folder"
+    raise InputError(
+        f"model {name!r}: not a packaged {kind} ({packaged}) and {why}; name a packaged model, a local folder "
+        f"with the model's files, or (online) a hub id such as owner/name"
+    )
+
+
 def resolve_lm(name: str, cache: str | None = None) -> str:
     """Return a path or hub id that ``AutoModelForCausalLM.from_pretrained`` accepts."""
     if name in PACKAGED:
@@ -160,6 +189,7 @@ def resolve_lm(name: str, cache: str | None = None) -> str:
             raise ValueError(f"{name!r} is an encoder, not a causal LM")
         out.parent.mkdir(parents=True, exist_ok=True)
         return str(_convert_gguf(gguf, out))
+    check_findable(name, "causal LM", ("gguf", "gguf-parts"))
     return name  # local directory or hub id
 
 
@@ -179,6 +209,7 @@ def resolve_encoder(name: str, cache: str | None = None) -> str:
             cfgs = sorted(root.rglob("modules.json")) or sorted(root.rglob("config.json"))
             return str(cfgs[0].parent)
         raise ValueError(f"{name!r} is a causal LM, not an encoder")
+    check_findable(name, "encoder", ("st-folder", "zip-parts"))
     return name
 
 
