@@ -27,6 +27,7 @@ __all__ = [
     "dir_mode",
     "remove_stale_temps",
     "prune_outputs",
+    "apply_umask",
     "read_jsonl",
     "read_jsonl_lines",
     "open_text",
@@ -116,6 +117,18 @@ def remove_stale_temps(folder: str | Path, older_than: float = 600.0) -> int:
     if n:
         log.info("%s: removed %d temp file(s) left by a killed run", folder, n)
     return n
+
+
+def apply_umask(root: str | Path) -> None:
+    """Give every file under ``root`` the mode a new file gets under the umask (0644 under 022) and every folder a
+    new folder's (0755): libraries that write through private temp files (transformers' safetensors shards,
+    ``mkstemp``) leave 0600, which hides a shared model or retriever from its other users."""
+    root = Path(root)
+    fm, dm = file_mode(), dir_mode()
+    for p in [root, *root.rglob("*")]:
+        if p.is_symlink():
+            continue
+        os.chmod(p, dm if p.is_dir() else fm)
 
 
 def prune_outputs(stage_dir: str | Path, produced: Iterable[str]) -> list[str]:

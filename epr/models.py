@@ -121,12 +121,12 @@ def _convert_gguf(gguf: Path, out_dir: Path) -> Path:
     if [m for m in missing if "lm_head" not in m] or unexpected:
         raise RuntimeError(f"GGUF conversion: missing {missing}, unexpected {unexpected}")
     fresh.tie_weights()
-    from epr.artifacts import dir_mode
+    from epr.artifacts import apply_umask
 
     tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=out_dir.name + "."))
-    os.chmod(tmp, dir_mode())  # mkdtemp's 0700 would hide the converted model from the cache's other users
     fresh.save_pretrained(tmp)
     tok.save_pretrained(tmp)
+    apply_umask(tmp)  # mkdtemp's 0700 and transformers' 0600 shards would hide it from the cache's other users
     if out_dir.exists():
         shutil.rmtree(out_dir)
     os.replace(tmp, out_dir)

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from epr.artifacts import atomic_write_text, dir_mode, read_jsonl, read_manifest, write_jsonl
+from epr.artifacts import apply_umask, atomic_write_text, dir_mode, read_jsonl, read_manifest, write_jsonl
 from epr.types import Example, InputError
 
 if TYPE_CHECKING:
@@ -204,6 +204,7 @@ def _write(r: PromptRetriever, tmp: Path, card: str | None, run: str | Path | No
     if card is None:  # a retriever loaded from a shipped folder keeps its card
         card = getattr(r, "shipped", {}).get("card") or model_card(meta, {})
     atomic_write_text(tmp / "README.md", card)
+    apply_umask(tmp)  # the encoder's and tokenizer's files as the umask says (transformers writes some 0600)
     manifest = {"format": FORMAT, "files": _file_list(tmp)}
     atomic_write_text(tmp / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
 

@@ -34,7 +34,12 @@ DATA_CASES = {
         (),
         "d.csv:5: 3 fields, the header has 2",
     ),
-    "csv-short-row": ("d.csv", csv_text([*GOOD_CSV[:1], "no output here", *GOOD_CSV[1:]]), (), "d.csv:3: 1 fields"),
+    "csv-short-row": (
+        "d.csv",
+        csv_text([*GOOD_CSV[:1], "no output here", *GOOD_CSV[1:]]),
+        (),
+        "d.csv:3: 1 fields",
+    ),
     "tsv-extra-field": (
         "d.tsv",
         "input\toutput\n" + "".join(f"a{i}\tb{i}\n" for i in range(8)) + "x\ty\tz\n",
@@ -47,7 +52,12 @@ DATA_CASES = {
     "csv-missing-column": ("d.csv", "question,answer\na,b\n", (), "missing column(s) ['input', 'output']"),
     "jsonl-empty-file": ("d.jsonl", "", (), "d.jsonl: no rows"),
     "jsonl-blank-lines-only": ("d.jsonl", "\n\n  \n", (), "d.jsonl: no rows"),
-    "jsonl-malformed": ("d.jsonl", jsonl([GOOD[0], '{"input": "x", "output": '] + GOOD[1:]), (), "d.jsonl:2:"),
+    "jsonl-malformed": (
+        "d.jsonl",
+        jsonl([GOOD[0], '{"input": "x", "output": '] + GOOD[1:]),
+        (),
+        "d.jsonl:2:",
+    ),
     "jsonl-list-line": ("d.jsonl", jsonl([*GOOD[:2], "[1, 2]"]), (), "d.jsonl:3: expected a JSON object"),
     "jsonl-missing-field": ("d.jsonl", jsonl([*GOOD[:3], {"input": "x"}]), (), "d.jsonl:4: missing field"),
     "output-object": (
@@ -82,7 +92,12 @@ DATA_CASES = {
     ),
     "not-utf8": ("d.csv", b"input,output\n" + b"caf\xe9,x\n" * 8, (), "d.csv:2: not UTF-8"),
     "fake-gz": ("d.jsonl.gz", jsonl(GOOD), (), "d.jsonl.gz: not a whole gzip file"),
-    "truncated-gz": ("d.jsonl.gz", gzip.compress(jsonl(GOOD * 50).encode())[:80], (), "not a whole gzip file"),
+    "truncated-gz": (
+        "d.jsonl.gz",
+        gzip.compress(jsonl(GOOD * 50).encode())[:80],
+        (),
+        "not a whole gzip file",
+    ),
     "json-array-broken": ("d.json", '[\n{"input": "a", "output": "b"},\n', (), "d.json:"),
     "all-outputs-null": (
         "d.jsonl",
@@ -144,7 +159,9 @@ def test_bad_own_data(case, tmp_path, capsys):
     (p.write_bytes if isinstance(content, bytes) else p.write_text)(content)
     (tmp_path / "e.jsonl").write_text("{oops\n")
     before = snapshot(tmp_path, tmp_path / "runs")
-    rc, err = cli(capsys, "run", "--until", "examples", *own_sets(tmp_path, p, *(e.format(tmp=tmp_path) for e in extra)))
+    rc, err = cli(
+        capsys, "run", "--until", "examples", *own_sets(tmp_path, p, *(e.format(tmp=tmp_path) for e in extra))
+    )
     assert_clean_error(rc, err, expect)
     assert snapshot(tmp_path, tmp_path / "runs") == before  # nothing changed outside the run folder
 
@@ -198,7 +215,10 @@ def test_csv_quoted_commas_and_newlines_kept_whole(tmp_path, capsys):
         w.writerows([(r["input"], r["output"]) for r in GOOD])
     rc, err = cli(capsys, "run", "--until", "examples", *own_sets(tmp_path, p, "data.eval_size=0"))
     assert rc == 0, err
-    pool = [json.loads(x) for x in (tmp_path / "runs" / "bad" / "examples" / "pool.jsonl").read_text().splitlines()]
+    pool = [
+        json.loads(x)
+        for x in (tmp_path / "runs" / "bad" / "examples" / "pool.jsonl").read_text().splitlines()
+    ]
     assert pool[0]["output"] == "[IN:ALARM [SL:TIME 7 , am ] ]"
     assert pool[1]["input"] == 'say "hi"\nthen stop' and pool[1]["output"] == "A,B"
 
@@ -302,13 +322,16 @@ def test_command_before_any_run(cmd, tmp_path, capsys):
 
 
 @pytest.mark.parametrize(
-    "key,name", [("models.lm", "nobody/no-such-model"), ("models.lm", "./no/such/folder"), ("models.lm", "gpt9")]
+    "key,name",
+    [("models.lm", "nobody/no-such-model"), ("models.lm", "./no/such/folder"), ("models.lm", "gpt9")],
 )
 def test_unknown_model_offline(key, name, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     p = tmp_path / "d.jsonl"
     p.write_text(jsonl(GOOD))
-    rc, err = cli(capsys, "run", "--until", "scores", *own_sets(tmp_path, p, f"{key}={name}", "labels.source=lm"))
+    rc, err = cli(
+        capsys, "run", "--until", "scores", *own_sets(tmp_path, p, f"{key}={name}", "labels.source=lm")
+    )
     assert_clean_error(rc, err, f"model {name!r}", "not a packaged causal LM")
 
 
@@ -363,7 +386,13 @@ def test_export_overwrite_refuses_protected_folders(target, tmp_path, capsys, mo
     work = tmp_path / "work"
     (work / "y").mkdir(parents=True)
     monkeypatch.chdir(work)
-    out = {"run": run, "run-root": run.parent, "parent-of-run-root": tmp_path, "cwd": Path("."), "home": home}[target]
+    out = {
+        "run": run,
+        "run-root": run.parent,
+        "parent-of-run-root": tmp_path,
+        "cwd": Path("."),
+        "home": home,
+    }[target]
     before = snapshot(tmp_path, tmp_path / "nothing")
     rc, err = cli(capsys, *export_args(tmp_path, out, "--overwrite"))
     what = {"cwd": "the current folder", "home": "your home folder"}.get(target, "the run folder")
