@@ -221,6 +221,7 @@ def test_csv_quoted_commas_and_newlines_kept_whole(tmp_path, capsys):
     ]
     assert pool[0]["output"] == "[IN:ALARM [SL:TIME 7 , am ] ]"
     assert pool[1]["input"] == 'say "hi"\nthen stop' and pool[1]["output"] == "A,B"
+    assert pool[2]["meta"]["source"].endswith("d.csv:5")  # the line it starts on, after a two-line record
 
 
 def test_json_array_file_is_read(tmp_path, capsys):
