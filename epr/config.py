@@ -394,9 +394,12 @@ def _validate(cfg: ExperimentConfig) -> None:
         (cfg.retrieve.k >= 1, f"retrieve.k={cfg.retrieve.k} must be >= 1 (ids retrieved per query)"),
         (cfg.retrieve.max_demos >= 1, f"retrieve.max_demos={cfg.retrieve.max_demos} must be >= 1"),
         (
-            cfg.retrieve.prompt_budget > cfg.retrieve.answer_reserve >= 0,
-            f"retrieve.prompt_budget={cfg.retrieve.prompt_budget} must be > retrieve.answer_reserve="
-            f"{cfg.retrieve.answer_reserve} >= 0",
+            cfg.retrieve.prompt_budget >= 1,
+            f"retrieve.prompt_budget={cfg.retrieve.prompt_budget} must be >= 1",
+        ),
+        (
+            cfg.retrieve.answer_reserve >= 0,
+            f"retrieve.answer_reserve={cfg.retrieve.answer_reserve} must be >= 0",
         ),
         (cfg.labels.k_pos >= 1 and cfg.labels.k_neg >= 1, "labels.k_pos and labels.k_neg must be >= 1"),
         (
