@@ -13,6 +13,7 @@ budget rules, counted in the inference LM's tokens): the API's ready prompt is t
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,9 +27,11 @@ from epr.index import build_index, load_index, save_index, search
 from epr.prompts import build_prompt
 from epr.tasks import get_task
 from epr.train_data import demo_text
-from epr.types import Example
+from epr.types import Example, UpstreamError
 
 __all__ = ["PromptRetriever", "RetrievalResult", "Selection"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,19 @@ class Selection:
         return retriever.select(str(query), self.k, self.lambda_d, self.lambda_b, self.shortlist)
 
 
+def _check_query(query, k) -> tuple[str, int]:
+    """``query`` a non-empty ``str``, ``k`` an ``int`` >= 1: else a TypeError / ValueError saying what was given."""
+    if not isinstance(query, str):
+        raise TypeError(f"query must be a str, got {type(query).__name__} ({query!r:.60})")
+    if not query.strip():
+        raise ValueError("query is empty (or only whitespace); pass the text to find demonstrations for")
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
+        raise TypeError(f"k must be an int >= 1, got {type(k).__name__} ({k!r:.60})")
+    if k < 1:
+        raise ValueError(f"k={k}: must be >= 1 (how many demonstrations to retrieve)")
+    return query, int(k)
+
+
 class PromptRetriever:
     """A trained EPR encoder over a run's demonstration pool, with a cached faiss index."""
 
@@ -106,8 +122,11 @@ class PromptRetriever:
         run = Path(run_dir)
         model = run / "encoder" / "model"
         enc_man, ex_man = read_manifest(run / "encoder"), read_manifest(run / "examples")
-        if not model.exists() or enc_man is None:
-            raise FileNotFoundError(f"{model}: no trained encoder in this run (train it first: see README)")
+        if not model.exists() or enc_man is None or ex_man is None:
+            raise UpstreamError(
+                f"{run}: no trained encoder in this run ({model} is missing or unfinished); train it first: "
+                "`epr run --until encoder` with the same -c/--set (see README)"
+            )
         task = get_task(config_from_dict(DataConfig, ex_man["config"]["data"]))
         pool = [Example.from_json(r) for r in read_jsonl(run / "examples" / "pool.jsonl")]
         enc = DualEncoder.from_pretrained(str(model))
@@ -130,13 +149,19 @@ class PromptRetriever:
         return r
 
     def save_pretrained(
-        self, out: str | Path, card: str | None = None, run: str | Path | None = None
+        self,
+        out: str | Path,
+        card: str | None = None,
+        run: str | Path | None = None,
+        overwrite: bool = False,
     ) -> Path:
         """A self-contained folder (encoder, pool, faiss index, prompt rules, tokenizer, RAGSys settings and
-        quality bias, model card) that :meth:`from_pretrained` loads with no run folder or config."""
+        quality bias, model card, a manifest of file digests) that :meth:`from_pretrained` loads with no run folder
+        or config. A non-empty ``out`` is refused unless ``overwrite`` (and the run folder, the current and the
+        home folder always are)."""
         from epr import shipping
 
-        return shipping.save(self, out, card, run)
+        return shipping.save(self, out, card, run, overwrite)
 
     @classmethod
     def from_pretrained(
@@ -174,9 +199,7 @@ class PromptRetriever:
     def retrieve(self, query: str, k: int | None = None) -> RetrievalResult:
         """The ``k`` best demonstrations (default: the run's ``retrieve.k``, as the prompts stage saw them) and the
         prompt of those that fit the budget."""
-        if not query.strip():
-            raise ValueError("empty query")
-        k = self.budget.k if k is None else k
+        query, k = _check_query(query, self.budget.k if k is None else k)
         q = self.encoder.encode([query], "query")
         ids, sc = search(self.index, q, k)
         keep = [j for j, i in enumerate(ids[0]) if i >= 0]
@@ -192,6 +215,14 @@ class PromptRetriever:
             b.answer_reserve,
             b.max_demos,
         )
+        if demos and not p.demo_ids:
+            log.warning(
+                "retrieve: the query alone (%d characters) leaves no room in the prompt budget (%d tokens of %s): "
+                "the prompt holds no demonstrations",
+                len(query),
+                b.prompt_budget,
+                b.tokenizer,
+            )
         return RetrievalResult(demos, [float(sc[0][j]) for j in keep], p.text, len(p.demo_ids))
 
     def select(
@@ -208,6 +239,7 @@ class PromptRetriever:
         dspy adapters select through this."""
         from ragsys import mmr_select
 
+        query, k = _check_query(query, k)
         Selection(k, lambda_d, lambda_b, shortlist).check(self)
         q = self.encoder.encode([query], "query")
         if lambda_d == 1.0 and lambda_b == 1.0:

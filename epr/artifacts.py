@@ -10,6 +10,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import tempfile
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -22,13 +23,20 @@ from epr.types import InputError
 
 __all__ = [
     "atomic_write_text",
+    "file_mode",
+    "dir_mode",
+    "remove_stale_temps",
+    "prune_outputs",
+    "apply_umask",
     "read_jsonl",
+    "read_jsonl_lines",
     "open_text",
     "write_jsonl",
     "save_npy",
     "load_npy",
     "fingerprint",
     "file_digest",
+    "cached_digest",
     "write_manifest",
     "read_manifest",
     "stage_state",
@@ -38,12 +46,114 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
+def _umask() -> int:
+    try:  # Linux: read it without changing it (os.umask's set-and-restore races with other threads)
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    old = os.umask(0o022)
+    os.umask(old)
+    return old
+
+
+def file_mode() -> int:
+    """The mode ``open`` gives a new file under the process's umask (0644 under 022): temp files are made 0600."""
+    return 0o666 & ~_umask()
+
+
+def dir_mode() -> int:
+    """The mode ``mkdir`` gives a new folder under the process's umask (0755 under 022)."""
+    return 0o777 & ~_umask()
+
+
+# a temp file names its writer's process: ``.<name>.<pid>.<random>.tmp``, so the next run can tell a temp file
+# left by a killed writer (removed) from one another live process is writing (kept)
+_TEMP = re.compile(r"^\..+\.(\d+)(\.[A-Za-z0-9_]+)?\.tmp$")
+_OLD_TEMP = re.compile(r"^(\..+\.[A-Za-z0-9_]+\.tmp|.+\.tmp\.npy)$")  # written before the pid was in the name
+
+
+def _temp(path: Path) -> tuple[int, str]:
+    return tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp")
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # exists, another user's
+        return True
+    return True
+
+
+def remove_stale_temps(folder: str | Path, older_than: float = 600.0) -> int:
+    """Remove the temp files a killed writer left in ``folder`` (between its temp write and its rename): those of
+    a process that no longer runs, and unnamed ones older than ``older_than`` seconds. Returns how many."""
+    folder, n = Path(folder), 0
+    if not folder.is_dir():
+        return 0
+    now = time.time()
+    for f in folder.iterdir():
+        m = _TEMP.match(f.name)
+        if m is not None:
+            stale = not _alive(int(m.group(1)))
+        elif _OLD_TEMP.match(f.name):
+            try:
+                stale = now - f.stat().st_mtime > older_than
+            except OSError:
+                continue
+        else:
+            continue
+        if stale and f.is_file():
+            try:
+                f.unlink()
+                n += 1
+            except OSError:
+                pass
+    if n:
+        log.info("%s: removed %d temp file(s) left by a killed run", folder, n)
+    return n
+
+
+def apply_umask(root: str | Path) -> None:
+    """Give every file under ``root`` the mode a new file gets under the umask (0644 under 022) and every folder a
+    new folder's (0755): libraries that write through private temp files (transformers' safetensors shards,
+    ``mkstemp``) leave 0600, which hides a shared model or retriever from its other users."""
+    root = Path(root)
+    fm, dm = file_mode(), dir_mode()
+    for p in [root, *root.rglob("*")]:
+        if p.is_symlink():
+            continue
+        os.chmod(p, dm if p.is_dir() else fm)
+
+
+def prune_outputs(stage_dir: str | Path, produced: Iterable[str]) -> list[str]:
+    """Remove the files of ``stage_dir`` (top level) that this run of the stage did not write (``produced``: file
+    names), so an output a former config made (``quality_bias.npy`` of a dropped ``+bias``, the rows of a removed
+    retriever) is never read as this run's. Sub-folders (resumable parts) are left alone. Returns what went."""
+    keep = {*produced, "manifest.json"}
+    gone = []
+    for f in sorted(Path(stage_dir).iterdir()):
+        if f.is_file() and f.name not in keep:
+            f.unlink()
+            gone.append(f.name)
+    if gone:
+        log.info("%s: removed outputs this config no longer makes: %s", stage_dir, ", ".join(gone))
+    return gone
+
+
 def atomic_write_text(path: str | Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temp file and ``os.replace``: readers never see half a file."""
+    """Write ``text`` to ``path`` through a temp file and ``os.replace``: readers never see half a file. The file
+    gets the mode the umask gives a new file (not the temp file's 0600)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = _temp(path)
     try:
+        os.fchmod(fd, file_mode())
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
         os.replace(tmp, path)
@@ -67,23 +177,52 @@ def write_jsonl(path: str | Path, rows: Iterable[Any]) -> int:
 def read_jsonl(path: str | Path, required: Iterable[str] = ()) -> Iterator[dict[str, Any]]:
     """Yield the objects of a JSONL file (UTF-8, a leading byte-order mark allowed; ``.gz`` too). A malformed
     line, a byte that is not UTF-8 or a missing field raises ``InputError`` naming the file and the 1-based line
-    number. Blank lines are allowed and skipped."""
+    number. Blank lines are allowed and skipped. A file holding one JSON array of objects (``[{...}, ...]``) is
+    read as its elements."""
+    for _, row in read_jsonl_lines(path, required):
+        yield row
+
+
+def read_jsonl_lines(path: str | Path, required: Iterable[str] = ()) -> Iterator[tuple[int, dict[str, Any]]]:
+    """:func:`read_jsonl` with each object's 1-based line number (a JSON array's elements: their index)."""
     path = Path(path)
     required = tuple(required)
+
+    def check(row: Any, where: str) -> dict[str, Any]:
+        if not isinstance(row, dict):
+            raise InputError(f"{where}: expected a JSON object (one per line), got {type(row).__name__}")
+        missing = [k for k in required if k not in row]
+        if missing:
+            raise InputError(f"{where}: missing field(s) {missing}; present: {sorted(row)}")
+        return row
+
     with open_text(path) as f:
+        first = True
         for lineno, line in enumerate(f, start=1):
             if not line.strip():
                 continue
+            if first and line.lstrip().startswith("["):  # a JSON array file, not JSON Lines: read it whole
+                rest = line + "".join(f)
+                try:
+                    rows = json.loads(rest)
+                except json.JSONDecodeError as e:
+                    raise InputError(
+                        f"{path}:{lineno - 1 + e.lineno}: the file starts like a JSON array but is not valid JSON "
+                        f"({e.msg} at column {e.colno}); write one JSON object per line (JSON Lines) or a valid array"
+                    ) from None
+                if not isinstance(rows, list):
+                    raise InputError(
+                        f"{path}:{lineno}: expected JSON Lines (one object per line) or one array"
+                    )
+                for i, row in enumerate(rows, start=1):
+                    yield i, check(row, f"{path}: array element {i}")
+                return
+            first = False
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as e:
                 raise InputError(f"{path}:{lineno}: malformed JSON ({e.msg} at column {e.colno})") from None
-            if not isinstance(row, dict):
-                raise InputError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
-            missing = [k for k in required if k not in row]
-            if missing:
-                raise InputError(f"{path}:{lineno}: missing field(s) {missing}; present: {sorted(row)}")
-            yield row
+            yield lineno, check(row, f"{path}:{lineno}")
 
 
 def open_text(path: Path, newline: str | None = None):
@@ -91,44 +230,68 @@ def open_text(path: Path, newline: str | None = None):
     iterator of ``str``.
 
     A leading byte-order mark (what many Windows tools write) is dropped (``utf-8-sig``). A byte that is not
-    UTF-8 raises ``InputError`` naming the file, the 1-based line, the column and the byte offset.
-    ``newline`` is ``open``'s (``""`` for the csv module)."""
+    UTF-8 raises ``InputError`` naming the file, the 1-based line, the column and the byte offset; so do a folder,
+    a ``.gz`` that is not gzip or is cut short. ``newline`` is ``open``'s (``""`` for the csv module)."""
     import contextlib
     import gzip
+    import zlib
 
+    path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such file")
+    if path.is_dir():
+        raise InputError(f"{path}: a folder, not a file; name the data file itself (e.g. {path}/train.jsonl)")
     opener = gzip.open if path.suffix == ".gz" else open
 
     def lines() -> Iterator[str]:
-        with opener(path, "rt", encoding="utf-8-sig", newline=newline) as f:
-            try:
-                yield from f
-            except UnicodeDecodeError as e:
-                # the text layer decodes in chunks: find the first bad byte again, line by line, in bytes
-                offset = 0
-                with opener(path, "rb") as raw:
-                    for lineno, b in enumerate(raw, start=1):
-                        try:
-                            b.decode("utf-8")
-                        except UnicodeDecodeError as bad:
-                            raise InputError(
-                                f"{path}:{lineno}: not UTF-8: byte 0x{b[bad.start]:02x} at column {bad.start + 1}"
-                                f" (byte offset {offset + bad.start}); the file must be UTF-8 (re-save it as"
-                                " UTF-8, e.g. `iconv -f cp1252 -t utf-8 in.csv > out.csv`)"
-                            ) from None
-                        offset += len(b)
-                raise InputError(f"{path}: not UTF-8 ({e}); the file must be UTF-8") from None
+        n = 0
+        try:
+            with opener(path, "rt", encoding="utf-8-sig", newline=newline) as f:
+                try:
+                    for line in f:
+                        n += 1
+                        yield line
+                except UnicodeDecodeError as e:
+                    _bad_utf8(path, opener, e)
+        except (gzip.BadGzipFile, EOFError, zlib.error) as e:
+            raise InputError(
+                f"{path}: not a whole gzip file ({e}; {n} lines read); a .gz name needs gzip data: re-compress "
+                "it (gzip -k file) or drop the .gz suffix if it is plain text"
+            ) from None
 
     return contextlib.closing(lines())
+
+
+def _bad_utf8(path: Path, opener, e: UnicodeDecodeError):
+    # the text layer decodes in chunks: find the first bad byte again, line by line, in bytes
+    offset = 0
+    with opener(path, "rb") as raw:
+        for lineno, b in enumerate(raw, start=1):
+            try:
+                b.decode("utf-8")
+            except UnicodeDecodeError as bad:
+                raise InputError(
+                    f"{path}:{lineno}: not UTF-8: byte 0x{b[bad.start]:02x} at column {bad.start + 1}"
+                    f" (byte offset {offset + bad.start}); the file must be UTF-8 (re-save it as"
+                    " UTF-8, e.g. `iconv -f cp1252 -t utf-8 in.csv > out.csv`)"
+                ) from None
+            offset += len(b)
+    raise InputError(f"{path}: not UTF-8 ({e}); the file must be UTF-8") from None
 
 
 def save_npy(path: str | Path, array: np.ndarray) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp.npy")
-    np.save(tmp, np.ascontiguousarray(array), allow_pickle=False)
-    os.replace(tmp, path)
+    fd, tmp = _temp(path)
+    try:
+        os.fchmod(fd, file_mode())
+        with os.fdopen(fd, "wb") as f:
+            np.save(f, np.ascontiguousarray(array), allow_pickle=False)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
 
 
 def load_npy(path: str | Path) -> np.ndarray:
@@ -146,6 +309,51 @@ def file_digest(path: str | Path) -> str | None:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()[:16]
+
+
+_DIGESTS: dict[tuple, str] = {}
+
+
+def _digest_store() -> Path:
+    return Path(os.environ.get("EPR_CACHE") or Path.home() / ".cache" / "epr") / "digests.json"
+
+
+def cached_digest(path: str | Path, full: bool = False) -> str | None:
+    """:func:`file_digest` (``full``: all 64 hex digits) of the file's whole content, remembered by its resolved
+    path, size, mtime and ctime (in this process and in ``$EPR_CACHE/digests.json`` across processes), so a large
+    file (a model's weights, a data set) is hashed once, and again only after it changed. None when it is absent."""
+    p = Path(path)
+    try:
+        st = p.stat()
+    except OSError:
+        return None
+    if not p.is_file():
+        return None
+    key = (str(p.resolve()), st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    skey = json.dumps(key)
+    if key not in _DIGESTS:
+        store = _digest_store()
+        try:
+            known = json.loads(store.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            known = {}
+        if not isinstance(known, dict):
+            known = {}
+        if skey in known:
+            _DIGESTS[key] = known[skey]
+        else:
+            h = hashlib.sha256()
+            with open(p, "rb") as f:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    h.update(block)
+            _DIGESTS[key] = known[skey] = h.hexdigest()
+            try:  # a lost entry (two processes writing at once) is only hashed again
+                live = {k: v for k, v in known.items() if Path(json.loads(k)[0]).exists()}
+                atomic_write_text(store, json.dumps(live, indent=0, sort_keys=True) + "\n")
+            except OSError:
+                pass
+    d = _DIGESTS[key]
+    return d if full else d[:16]
 
 
 def fingerprint(obj: Any) -> str:
@@ -212,6 +420,7 @@ class ChunkStore:
     def claim(self) -> None:
         """Make the folder this key's: chunks of another key are deleted, ``KEY.json`` names the key."""
         self.root.mkdir(parents=True, exist_ok=True)
+        remove_stale_temps(self.root)
         stamp = self.root / "KEY.json"
         old = json.loads(stamp.read_text(encoding="utf-8")).get("fingerprint") if stamp.exists() else None
         if old != self.fp:

@@ -5,16 +5,20 @@ Examples::
     epr status -c configs/mtop.yaml
     epr run -c configs/mtop.yaml --until labels --set candidates.num_queries=1000
     accelerate launch --num_processes 2 -m epr.cli scores -c configs/mtop.yaml
+
+A failure the user can fix (a file, a setting, a missing step, an unreachable server) is one paragraph on stderr
+and exit code 2; ``--debug`` (anywhere on the line) or ``EPR_DEBUG=1`` shows the stack too.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from pathlib import Path
 
-__all__ = ["main", "build_parser", "context_from_args"]
+__all__ = ["main", "build_parser", "context_from_args", "explain"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -52,6 +56,11 @@ def build_parser() -> argparse.ArgumentParser:
         "export", parents=[common], help="write the run's trained retriever as a shippable folder"
     )
     e.add_argument("out", help="folder to write (PromptRetriever.from_pretrained loads it)")
+    e.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace a non-empty OUT (never the run folder, its parents, the current or the home folder)",
+    )
     sub.add_parser(
         "demo",
         parents=[common],
@@ -101,8 +110,69 @@ def run_demo(ctx) -> int:
     return 0
 
 
+def explain(e: BaseException) -> str | None:
+    """The one-paragraph message of an expected failure (what, where, what to do), or None for a bug (whose
+    stack the user should see and report)."""
+    import json
+    import zlib
+
+    import yaml
+
+    from epr.types import UserError
+
+    if isinstance(e, UserError):
+        return str(e)
+    if isinstance(e, json.JSONDecodeError):
+        return f"malformed JSON ({e.msg} at line {e.lineno}, column {e.colno}); fix or re-create the file"
+    if isinstance(e, yaml.YAMLError):
+        return f"not valid YAML: {' '.join(str(e).split())}"
+    if isinstance(e, OSError):
+        name = e.filename if e.filename is not None else ""
+        if isinstance(e, FileNotFoundError):
+            what = "no such file or folder; check the path (relative paths are from the current folder)"
+        elif isinstance(e, IsADirectoryError):
+            what = "a folder where a file was expected; name the file inside it"
+        elif isinstance(e, NotADirectoryError):
+            what = "a file where a folder was expected"
+        elif isinstance(e, PermissionError):
+            what = "permission denied; check the file's owner and mode (ls -l)"
+        else:
+            what = e.strerror or ""
+        text = " ".join(str(e).split()) if not (name and e.strerror) else f"{name}: {what}"
+        return text if not name or str(name) in text else f"{name}: {text}"
+    if isinstance(e, (EOFError, zlib.error)):
+        return f"a compressed file ends early or is corrupt ({e}); re-download or re-compress it"
+    if isinstance(e, ImportError):
+        return f"{e} (an optional dependency is missing: install the extra the message names)"
+    if isinstance(
+        e, ValueError
+    ):  # the package's own checks (config values, rows, arguments) say what and where
+        return " ".join(str(e).split())
+    return None
+
+
+def _debug(argv: list[str]) -> tuple[list[str], bool]:
+    env = os.environ.get("EPR_DEBUG", "").strip().lower() not in ("", "0", "false", "no")
+    return [a for a in argv if a != "--debug"], env or "--debug" in argv
+
+
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
+    """The ``epr`` command. Expected failures (:func:`explain`) print one paragraph and return 2."""
+    argv, debug = _debug(sys.argv[1:] if argv is None else list(argv))
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        sys.stderr.write("epr: interrupted (finished chunks are kept: the same command resumes)\n")
+        return 130
+    except Exception as e:  # the error boundary: a message for what the user can fix, a stack for a bug
+        msg = explain(e)
+        if msg is None or debug:
+            raise
+        sys.stderr.write(f"epr: error: {msg}\n(run with --debug or EPR_DEBUG=1 to see where it was raised)\n")
+        return 2
+
+
+def _main(argv: list[str]) -> int:
     if argv[:1] == ["serve"]:  # its own options (epr/llamacpp_server.py)
         from epr import llamacpp_server
 
@@ -115,43 +185,42 @@ def main(argv: list[str] | None = None) -> int:
         datefmt="%H:%M:%S",
     )
     from epr import pipeline
-    from epr.types import InputError
 
-    try:
-        if args.cmd == "truthfulqa":
-            from epr import truthfulqa_cli
+    if args.cmd == "truthfulqa":
+        from epr import truthfulqa_cli
 
-            return truthfulqa_cli.run(args)
-        ctx = context_from_args(args)
-        if args.cmd == "status":
-            for name, state in pipeline.status(ctx).items():
-                sys.stdout.write(f"{name:<12} {state:<8} {ctx.stage_dir(name)}\n")
-            return 0
-        if args.cmd == "demo":
-            return run_demo(ctx)
-        if args.cmd == "export":
-            from epr.api import PromptRetriever
-
-            out = PromptRetriever.from_run(ctx.cfg.run_dir).save_pretrained(args.out, run=ctx.cfg.run_dir)
-            sys.stdout.write(f"wrote {out} (PromptRetriever.from_pretrained({str(out)!r}))\n")
-            return 0
-        if args.cmd == "inspect":
-            from epr.inspect_cmd import inspect_query
-
-            inspect_query(ctx, args.query, args.k)
-            return 0
-        if args.cmd == "run":
-            ran = pipeline.run(ctx, args.until, tuple(args.force))
-            if ctx.dist.is_main:
-                sys.stdout.write(
-                    f"ran: {', '.join(ran) or 'nothing (all fresh)'}; outputs in {ctx.cfg.run_dir}\n"
-                )
-            return 0
-        pipeline.run_stage(ctx, pipeline.ALIASES.get(args.cmd, args.cmd), force=args.force)
+        return truthfulqa_cli.run(args)
+    ctx = context_from_args(args)
+    if args.cmd == "status":
+        for name, state in pipeline.status(ctx).items():
+            sys.stdout.write(f"{name:<12} {state:<8} {ctx.stage_dir(name)}\n")
         return 0
-    except (InputError, ValueError, FileNotFoundError) as e:
-        logging.getLogger("epr").error("%s", e)
-        return 2
+    if args.cmd == "demo":
+        return run_demo(ctx)
+    if args.cmd == "export":
+        from epr.api import PromptRetriever
+        from epr.shipping import check_destination
+
+        # refused before anything is loaded: a wrong OUT costs nothing and deletes nothing
+        check_destination(args.out, overwrite=args.overwrite, protect=[ctx.cfg.run_dir])
+        r = PromptRetriever.from_run(ctx.cfg.run_dir)
+        out = r.save_pretrained(args.out, run=ctx.cfg.run_dir, overwrite=args.overwrite)
+        sys.stdout.write(f"wrote {out} (PromptRetriever.from_pretrained({str(out)!r}))\n")
+        return 0
+    if args.cmd == "inspect":
+        from epr.inspect_cmd import inspect_query
+
+        inspect_query(ctx, args.query, args.k)
+        return 0
+    if args.cmd == "run":
+        ran = pipeline.run(ctx, args.until, tuple(args.force))
+        if ctx.dist.is_main:
+            sys.stdout.write(
+                f"ran: {', '.join(ran) or 'nothing (all fresh)'}; outputs in {ctx.cfg.run_dir}\n"
+            )
+        return 0
+    pipeline.run_stage(ctx, pipeline.ALIASES.get(args.cmd, args.cmd), force=args.force)
+    return 0
 
 
 if __name__ == "__main__":

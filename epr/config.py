@@ -13,6 +13,8 @@ from typing import Any, get_type_hints
 
 import yaml
 
+from epr.types import ConfigError
+
 __all__ = [
     "ExperimentConfig",
     "DataConfig",
@@ -167,20 +169,22 @@ class TruthfulQAConfig:
         known = ("fix", *VARIANTS)
         bad = [v for v in self.variants if v not in known]
         if bad or not self.variants or len(set(self.variants)) != len(self.variants):
-            raise ValueError(
+            raise ConfigError(
                 f"config truthfulqa.variants: {list(self.variants)}: distinct names of {list(known)}"
             )
         try:
             sweep = tuple(float(x) for x in self.sweep)
         except (TypeError, ValueError):
-            raise ValueError(f"config truthfulqa.sweep: {self.sweep!r}: expected numbers in [0, 1]") from None
+            raise ConfigError(
+                f"config truthfulqa.sweep: {self.sweep!r}: expected numbers in [0, 1]"
+            ) from None
         if any(not 0.0 <= x <= 1.0 for x in sweep):
-            raise ValueError(f"config truthfulqa.sweep: {list(sweep)}: lambda_d values must be in [0, 1]")
+            raise ConfigError(f"config truthfulqa.sweep: {list(sweep)}: lambda_d values must be in [0, 1]")
         object.__setattr__(self, "sweep", sweep)
         if self.limit is not None and self.limit < 1:
-            raise ValueError(f"config truthfulqa.limit={self.limit} must be >= 1 (or null: all questions)")
+            raise ConfigError(f"config truthfulqa.limit={self.limit} must be >= 1 (or null: all questions)")
         if self.chunk_size < 1:
-            raise ValueError(f"config truthfulqa.chunk_size={self.chunk_size} must be >= 1")
+            raise ConfigError(f"config truthfulqa.chunk_size={self.chunk_size} must be >= 1")
 
 
 @dataclass(frozen=True)
@@ -211,11 +215,11 @@ class ServerConfig:
 
     def __post_init__(self):
         if self.concurrency < 1 or self.max_retries < 0 or self.backoff_s < 0 or self.timeout_s <= 0:
-            raise ValueError(
+            raise ConfigError(
                 "config server: concurrency must be >= 1, max_retries >= 0, backoff_s >= 0, timeout_s > 0"
             )
         if self.base_url is not None and not self.base_url.startswith(("http://", "https://")):
-            raise ValueError(f"config server.base_url={self.base_url!r}: expected http(s)://host:port/v1")
+            raise ConfigError(f"config server.base_url={self.base_url!r}: expected http(s)://host:port/v1")
 
 
 @dataclass(frozen=True)
@@ -264,7 +268,7 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     origin = getattr(tp, "__origin__", None)
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
-            raise ValueError(f"config {where}: expected a mapping, got {value!r}")
+            raise ConfigError(f"config {where}: expected a mapping, got {value!r}")
         return config_from_dict(tp, value, where)
     if origin is tuple:
         if isinstance(value, str):
@@ -275,7 +279,7 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     if value is None:
         if "None" in str(tp):
             return None
-        raise ValueError(f"config {where}: may not be null")
+        raise ConfigError(f"config {where}: may not be null")
     for base in (bool, int, float, str):
         if (
             tp is base
@@ -283,16 +287,16 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
             or str(tp).startswith(base.__name__)
         ):
             if base is bool and not isinstance(value, bool):
-                raise ValueError(f"config {where}: expected true/false, got {value!r}")
+                raise ConfigError(f"config {where}: expected true/false, got {value!r}")
             if base is int and (isinstance(value, bool) or not isinstance(value, int)):
-                raise ValueError(f"config {where}: expected an integer, got {value!r}")
+                raise ConfigError(f"config {where}: expected an integer, got {value!r}")
             if base is float and isinstance(value, str):  # YAML 1.1 reads 1e-4 (no dot) as a string
                 try:
                     value = float(value)
                 except ValueError:
-                    raise ValueError(f"config {where}: expected a number, got {value!r}") from None
+                    raise ConfigError(f"config {where}: expected a number, got {value!r}") from None
             if base is float and not isinstance(value, (int, float)):
-                raise ValueError(f"config {where}: expected a number, got {value!r}")
+                raise ConfigError(f"config {where}: expected a number, got {value!r}")
             return float(value) if base is float else value
     return value
 
@@ -303,14 +307,14 @@ def config_from_dict(cls: type, data: dict[str, Any], where: str = "") -> Any:
     known = {f.name for f in fields(cls)}
     unknown = sorted(set(data) - known)
     if unknown:
-        raise ValueError(f"config {where or '<root>'}: unknown key(s) {unknown}; allowed: {sorted(known)}")
+        raise ConfigError(f"config {where or '<root>'}: unknown key(s) {unknown}; allowed: {sorted(known)}")
     kwargs = {}
     for name, value in data.items():
         key = f"{where}.{name}" if where else name
         kwargs[name] = _coerce(value, hints[name], key)
         allowed = _CHOICES.get(tuple(key.split(".")[-2:]))
         if allowed and kwargs[name] not in allowed:
-            raise ValueError(f"config {key}: {kwargs[name]!r} is not one of {sorted(allowed)}")
+            raise ConfigError(f"config {key}: {kwargs[name]!r} is not one of {sorted(allowed)}")
     return cls(**kwargs)
 
 
@@ -324,10 +328,23 @@ def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     path = path.resolve()
     if path in seen:
-        raise ValueError(f"config {path}: inherit cycle")
-    data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        raise ConfigError(f"config {path}: inherit cycle")
+    if not path.is_file():
+        what = "a folder" if path.is_dir() else "no such file"
+        raise ConfigError(f"config {path}: {what}; pass a YAML file with -c (for example configs/demo.yaml)")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(
+            f"config {where}: not valid YAML ({problem}); fix the file (a `key: value` mapping)"
+        ) from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"config {path}: not UTF-8 (byte offset {e.start}); re-save it as UTF-8") from None
     if not isinstance(data, dict):
-        raise ValueError(f"config {path}: top level must be a mapping")
+        raise ConfigError(f"config {path}: top level must be a mapping")
     parent = data.pop("inherit", None)
     if parent:
         data = _deep_merge(_read_yaml(path.parent / parent, (*seen, path)), data)
@@ -341,13 +358,27 @@ def load_config(paths: Sequence[str | Path] = (), overrides: Sequence[str] = ())
         data = _deep_merge(data, _read_yaml(Path(p)))
     for item in overrides:
         if "=" not in item:
-            raise ValueError(f"override {item!r}: expected key.path=value")
+            raise ConfigError(f"override --set {item!r}: expected key.path=value (e.g. candidates.L=20)")
         key, raw = item.split("=", 1)
         node = data
         parts = key.strip().split(".")
-        for part in parts[:-1]:
+        if not all(parts):
+            raise ConfigError(f"override --set {item!r}: {key!r} is not a key path (e.g. candidates.L=20)")
+        for i, part in enumerate(parts[:-1]):
             node = node.setdefault(part, {})
-        node[parts[-1]] = yaml.safe_load(raw)
+            if not isinstance(node, dict):
+                raise ConfigError(
+                    f"override --set {item!r}: {'.'.join(parts[: i + 1])} is a value ({node!r}), not a section "
+                    "with keys; set it directly (e.g. candidates.L=20)"
+                )
+        try:
+            node[parts[-1]] = yaml.safe_load(raw)
+        except yaml.YAMLError as e:
+            problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+            raise ConfigError(
+                f"override --set {item!r}: the value {raw!r} is not valid YAML ({problem}); "
+                "quote it or close its brackets (e.g. retrieve.retrievers=[bm25,epr])"
+            ) from None
     cfg = config_from_dict(ExperimentConfig, data)
     _validate(cfg)
     return cfg
@@ -360,6 +391,16 @@ DENSE = ("sbert", "epr", "dr-bm25")
 def _validate(cfg: ExperimentConfig) -> None:
     checks = [
         (cfg.candidates.L >= 1, "candidates.L must be >= 1"),
+        (cfg.retrieve.k >= 1, f"retrieve.k={cfg.retrieve.k} must be >= 1 (ids retrieved per query)"),
+        (cfg.retrieve.max_demos >= 1, f"retrieve.max_demos={cfg.retrieve.max_demos} must be >= 1"),
+        (
+            cfg.retrieve.prompt_budget >= 1,
+            f"retrieve.prompt_budget={cfg.retrieve.prompt_budget} must be >= 1",
+        ),
+        (
+            cfg.retrieve.answer_reserve >= 0,
+            f"retrieve.answer_reserve={cfg.retrieve.answer_reserve} must be >= 0",
+        ),
         (cfg.labels.k_pos >= 1 and cfg.labels.k_neg >= 1, "labels.k_pos and labels.k_neg must be >= 1"),
         (
             cfg.labels.k_pos + cfg.labels.k_neg <= cfg.candidates.L,
@@ -399,4 +440,4 @@ def _validate(cfg: ExperimentConfig) -> None:
         )
     for ok, msg in checks:
         if not ok:
-            raise ValueError(f"config: {msg}")
+            raise ConfigError(f"config: {msg}")

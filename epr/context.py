@@ -9,7 +9,7 @@ from pathlib import Path
 
 from epr.artifacts import read_jsonl
 from epr.config import ExperimentConfig
-from epr.types import Example, Ranking
+from epr.types import Example, Ranking, UpstreamError
 
 __all__ = ["Context", "Dist"]
 
@@ -81,8 +81,17 @@ class Context:
 
         return get_task(self.cfg.data)
 
+    def _needs(self, stage: str, path: Path) -> Path:
+        if not path.exists() or not (self.stage_dir(stage) / "manifest.json").exists():
+            raise UpstreamError(
+                f"{path}: the run {self.cfg.run_dir} has no finished {stage!r} stage yet; run the pipeline first: "
+                f"`epr run --until {stage}` with the same -c/--set (see `epr status`)"
+            )
+        return path
+
     def examples(self, split: str) -> list[Example]:
-        return [Example.from_json(r) for r in read_jsonl(self.stage_dir("examples") / f"{split}.jsonl")]
+        path = self._needs("examples", self.stage_dir("examples") / f"{split}.jsonl")
+        return [Example.from_json(r) for r in read_jsonl(path)]
 
     def rankings(self, stage: str, name: str) -> list[Ranking]:
-        return [Ranking.from_json(r) for r in read_jsonl(self.stage_dir(stage) / name)]
+        return [Ranking.from_json(r) for r in read_jsonl(self._needs(stage, self.stage_dir(stage) / name))]

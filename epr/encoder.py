@@ -121,3 +121,6 @@ class DualEncoder(nn.Module):
         (out / "dual_encoder.json").write_text(
             json.dumps({"tied": self.tied, "max_length": self.max_length, "similarity": self.similarity})
         )
+        from epr.artifacts import apply_umask
+
+        apply_umask(out)  # transformers writes its weight shards 0600

@@ -121,9 +121,12 @@ def _convert_gguf(gguf: Path, out_dir: Path) -> Path:
     if [m for m in missing if "lm_head" not in m] or unexpected:
         raise RuntimeError(f"GGUF conversion: missing {missing}, unexpected {unexpected}")
     fresh.tie_weights()
+    from epr.artifacts import apply_umask
+
     tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=out_dir.name + "."))
     fresh.save_pretrained(tmp)
     tok.save_pretrained(tmp)
+    apply_umask(tmp)  # mkdtemp's 0700 and transformers' 0600 shards would hide it from the cache's other users
     if out_dir.exists():
         shutil.rmtree(out_dir)
     os.replace(tmp, out_dir)
@@ -139,6 +142,35 @@ def check_license(name: str) -> None:
             f"{name} is opt-in: it is distributed under the {title} ({url}). Read them; if you accept them, "
             f"set {env}=1 (and install it with `{env}=1 make gemma`)"
         )
+
+
+def check_findable(name: str, kind: str, kinds: tuple[str, ...]) -> None:
+    """A model that is neither packaged, nor a local folder, nor on the hub as far as can be known (offline and
+    not in the hub cache; or a path, not an ``owner/name`` id) is an error that lists what would work, instead of
+    transformers' hub-connection error."""
+    import re
+
+    from epr.types import InputError
+
+    if Path(name).exists():
+        return
+    packaged = ", ".join(k for k, v in PACKAGED.items() if v["kind"] in kinds)
+    hub_id = re.fullmatch(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?", name) is not None and not name.startswith(".")
+    flags = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    offline = any(os.environ.get(f, "").lower() in ("1", "true", "yes", "on") for f in flags)
+    if hub_id and not offline:
+        return  # the hub may have it: transformers says if not
+    if hub_id:
+        from huggingface_hub import try_to_load_from_cache
+
+        for f in ("config.json", "modules.json"):
+            if isinstance(try_to_load_from_cache(name, f), str):
+                return
+    why = "the hub is off (HF_HUB_OFFLINE=1) and its cache does not hold it" if hub_id else "no such folder"
+    raise InputError(
+        f"model {name!r}: not a packaged {kind} ({packaged}) and {why}; name a packaged model, a local folder "
+        f"with the model's files, or (online) a hub id such as owner/name"
+    )
 
 
 def resolve_lm(name: str, cache: str | None = None) -> str:
@@ -157,6 +189,7 @@ def resolve_lm(name: str, cache: str | None = None) -> str:
             raise ValueError(f"{name!r} is an encoder, not a causal LM")
         out.parent.mkdir(parents=True, exist_ok=True)
         return str(_convert_gguf(gguf, out))
+    check_findable(name, "causal LM", ("gguf", "gguf-parts"))
     return name  # local directory or hub id
 
 
@@ -176,6 +209,7 @@ def resolve_encoder(name: str, cache: str | None = None) -> str:
             cfgs = sorted(root.rglob("modules.json")) or sorted(root.rglob("config.json"))
             return str(cfgs[0].parent)
         raise ValueError(f"{name!r} is a causal LM, not an encoder")
+    check_findable(name, "encoder", ("st-folder", "zip-parts"))
     return name
 
 
@@ -226,15 +260,17 @@ def default_device() -> str:
 
 
 def model_identity(name: str) -> dict:
-    """What names a model's weights: the name, and for a local folder also the sizes and a digest of the first MiB
-    of its files (``files``), so a folder whose weights were replaced is another model to every cache."""
+    """What names a model's weights: the name, and for a local folder also a digest of the full content of its
+    files (``files``), so a folder whose weights were replaced, even in place, is another model to every cache.
+    Each file is hashed once and remembered by path, size and modification time (``artifacts.cached_digest``)."""
+    from epr.artifacts import cached_digest
+
     p = Path(name)
     if not p.is_dir():
         return {"lm": name}
     h = hashlib.sha256()
     for f in sorted(x for x in p.iterdir() if x.is_file()):
-        with open(f, "rb") as fh:
-            h.update(f.name.encode() + str(f.stat().st_size).encode() + fh.read(1 << 20))
+        h.update(f.name.encode() + b"\0" + str(cached_digest(f, full=True)).encode() + b"\n")
     return {"lm": name, "files": h.hexdigest()[:16]}
 
 

@@ -13,11 +13,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from epr.artifacts import file_digest, fingerprint, stage_state, write_manifest
+from epr.artifacts import cached_digest, fingerprint, remove_stale_temps, stage_state, write_manifest
 from epr.context import Context
 from epr.rerank import parse_retriever_name
 from epr.stages import candidates, data, encoder, evaluate, labels, predict, prompts, rerank, retrieve, scores
 from epr.stages import truthfulqa as tqa
+from epr.types import UpstreamError
 
 __all__ = ["Stage", "STAGES", "ALIASES", "stage_fingerprint", "status", "run_stage", "run"]
 
@@ -39,9 +40,12 @@ def _const(*deps: str):
 
 def _examples_keys(ctx: Context) -> dict:
     keys: dict = {"data": ctx.cfg.section("data")}
-    files = [p for p in (ctx.cfg.data.path, ctx.cfg.data.eval_path) if p]
-    if files:  # a user's own files may be edited in place: their content is part of the key
-        keys["files"] = {p: file_digest(p) for p in files}
+    # data files may be edited or replaced in place: their content is part of the key (hashed once per change)
+    files = [p for p in (ctx.cfg.data.path, ctx.cfg.data.eval_path) if p] or [
+        str(f) for f in ctx.task.data_files()
+    ]
+    if files:
+        keys["files"] = {p: cached_digest(p) for p in files}
     return keys
 
 
@@ -200,8 +204,10 @@ def run_stage(ctx: Context, name: str, force: bool = False) -> bool:
         return False
     for d in STAGES[name].deps(ctx):
         if stage_state(ctx.stage_dir(d), stage_fingerprint(ctx, d)) != "fresh":
-            raise RuntimeError(
-                f"stage {name!r} needs {d!r}, which is not fresh: run `epr run --until {name}`"
+            raise UpstreamError(
+                f"stage {name!r} needs stage {d!r} ({ctx.stage_dir(d)}), which is "
+                f"{stage_state(ctx.stage_dir(d), stage_fingerprint(ctx, d))}: run `epr run --until {name}` "
+                "(with the same -c/--set) to run it and what it needs first"
             )
     stage = STAGES[name]
     if not (stage.distributed or ctx.dist.is_main):
@@ -210,6 +216,8 @@ def run_stage(ctx: Context, name: str, force: bool = False) -> bool:
     if ctx.dist.is_main and (out / "manifest.json").exists():
         (out / "manifest.json").unlink()  # from now on the folder counts as absent until it is finished again
     out.mkdir(parents=True, exist_ok=True)
+    if ctx.dist.is_main:
+        remove_stale_temps(out)  # left by a kill between a temp write and its rename
     t0 = time.time()
     log.info("%s: running", name)
     res = stage.fn(ctx, out, fp) or {}

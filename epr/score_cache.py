@@ -5,7 +5,8 @@ ran in, the forward (lean or transformers) and, in bf16, the batch layout (``sco
 Entries are keyed by a hash of (context, target) inside a folder named by the fingerprint of that computation key,
 so a run with a larger label set reuses every score a smaller one computed, and a change of model, dtype or
 forward never reads another computation's scores. Shards are written atomically, one per finished chunk, so a
-killed run loses at most the chunk it was scoring; several processes write their own shards.
+killed run loses at most the chunk it was scoring. A shard is named by a digest of its entries, so no write
+replaces another, within a process or across processes.
 """
 
 from __future__ import annotations
@@ -13,11 +14,10 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from epr.artifacts import atomic_write_text, fingerprint
+from epr.artifacts import atomic_write_text, fingerprint, remove_stale_temps
 
 __all__ = ["ScoreCache", "pair_key", "cached_scores"]
 
@@ -33,6 +33,7 @@ class ScoreCache:
         self.key = key
         self.dir = Path(root) / fingerprint(key)
         self.dir.mkdir(parents=True, exist_ok=True)
+        remove_stale_temps(self.dir)
         kf = self.dir / "KEY.json"
         if not kf.exists():
             atomic_write_text(kf, json.dumps(key, indent=2, sort_keys=True) + "\n")
@@ -64,8 +65,11 @@ class ScoreCache:
         new = {pair_key(c, t): float(s) for c, t, s in zip(contexts, targets, scores)}
         if not new:
             return
-        f = self.dir / f"shard-{name}-{os.getpid()}.json"
-        atomic_write_text(f, json.dumps(new, sort_keys=True))
+        # named by its content: no write replaces another (in one process or across processes), and the same
+        # entries written twice are one file
+        f = self.dir / f"shard-{name}-{fingerprint(new)}.json"
+        if not f.exists():
+            atomic_write_text(f, json.dumps(new, sort_keys=True))
         self._seen.add(f.name)
         self._mem.update(new)
 

@@ -29,6 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from epr.scoring import SequenceTooLong, TokenScorer
+from epr.types import UserError
 
 __all__ = [
     "OpenAIServer",
@@ -54,7 +55,7 @@ CANNOT_SCORE = (
 )
 
 
-class ServerError(RuntimeError):
+class ServerError(UserError, RuntimeError):
     """A request to the LM server failed for good (after the retries, or with an answer that retrying cannot fix)."""
 
 

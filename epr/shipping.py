@@ -10,43 +10,175 @@ no config and no model package:
     tokenizer/          the inference LM's tokenizer, which counts the prompt budget
     quality_bias.npy    the pool's RAGSys quality bias under the run's inference LM (when the run computed it)
     README.md           a model card: data, LM, loss, training and dev metrics, the run's comparison table
+    manifest.json       every other file's size and sha256: ``from_pretrained`` names a missing or corrupt one
 
-``epr export RUN_DIR OUT_DIR`` writes one from a run.
+``epr export OUT_DIR`` writes one from a run. It never deletes what it was not asked to: a non-empty ``OUT_DIR`` is
+refused unless ``--overwrite``, and even then the run folder, a folder above it, the current and the home folder are.
+The folder is written beside ``OUT_DIR`` under a temporary name and renamed into place at the end (the old folder is
+moved aside first and removed only once the new one is in place), so a killed export leaves the previous one intact.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
+import os
+import secrets
 import shutil
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from epr.artifacts import atomic_write_text, read_jsonl, read_manifest, write_jsonl
+from epr.artifacts import apply_umask, atomic_write_text, dir_mode, read_jsonl, read_manifest, write_jsonl
 from epr.types import Example, InputError
 
 if TYPE_CHECKING:
     from epr.api import PromptRetriever
 
-__all__ = ["FORMAT", "save", "load", "model_card"]
+__all__ = ["FORMAT", "MANIFEST", "save", "load", "model_card", "check_destination", "verify"]
 
 FORMAT = "epr-retriever/1"
+MANIFEST = "manifest.json"
+REQUIRED = ("retriever.json", "pool.jsonl", "index.faiss", "encoder", "tokenizer")
+log = logging.getLogger(__name__)
 
 
-def save(r: PromptRetriever, out: str | Path, card: str | None = None, run: str | Path | None = None) -> Path:
-    """Write ``r`` into ``out`` (replaced whole, atomically: a half-written folder is never left under the name).
-    ``run``: the run folder it came from, for the model card (its training and comparison) and provenance."""
+def check_destination(out: str | Path, overwrite: bool = False, protect=()) -> None:
+    """Refuse a destination whose replacement would delete something not asked for: an existing file, a non-empty
+    folder (unless ``overwrite``), and even with ``overwrite`` a folder in ``protect`` (the run) or above it, the
+    current folder, the home folder or the filesystem root, and their parents."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise InputError(
+            f"{out}: an existing file, not a folder; a retriever is a folder: name a new folder "
+            "(nothing was written or removed)"
+        )
+    if not out.exists():
+        if out.is_symlink():
+            raise InputError(
+                f"{out}: a broken symbolic link; name a new folder (nothing was written or removed)"
+            )
+        return
+    entries = sorted(p.name for p in out.iterdir())
+    if not entries:
+        return
+    if not overwrite:
+        shown = ", ".join(entries[:5]) + (", ..." if len(entries) > 5 else "")
+        raise InputError(
+            f"{out}: not empty ({len(entries)} entries: {shown}); export never deletes: name a new or empty folder, "
+            "or pass --overwrite (save_pretrained(..., overwrite=True)) to replace this one"
+        )
+    real = out.resolve()
+    guarded = [(Path(p).resolve(), "the run folder it exports from") for p in protect]
+    guarded += [(Path.cwd().resolve(), "the current folder"), (Path.home().resolve(), "your home folder")]
+    for g, what in guarded:
+        if real == g or real in g.parents:
+            rel = "" if real == g else f" (a folder above {g})"
+            raise InputError(
+                f"{out}: is {what}{rel}; even with --overwrite export replaces only a folder of its own: "
+                "name another folder (nothing was written or removed)"
+            )
+
+
+def _tidy(out: Path) -> None:
+    """What a killed export left beside ``out``: a half-written folder (removed), or the previous export moved
+    aside before the new one was renamed into place (put back when ``out`` is missing, else removed)."""
+    for p in sorted(out.parent.glob(f".{out.name}.partial-*")):
+        log.info("%s: removing a half-written export left by a killed run", p)
+        shutil.rmtree(p, ignore_errors=True)
+    for p in sorted(out.parent.glob(f".{out.name}.old-*")):
+        if not out.exists():
+            log.warning("%s: a previous export moved aside by a killed run: put back as %s", p, out)
+            os.rename(p, out)
+        else:
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _file_list(root: Path) -> dict[str, dict]:
+    return {
+        p.relative_to(root).as_posix(): {"size": p.stat().st_size, "sha256": _sha256(p)}
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and p.relative_to(root).as_posix() != MANIFEST
+    }
+
+
+def verify(path: Path) -> None:
+    """Every file a shipped folder needs is there and, where it has a manifest, whole (size and sha256): an error
+    names the file instead of a faiss, JSON or hub error further down."""
+    m = path / MANIFEST
+    fix = "export it again (epr export) or download it again"
+    if not m.exists():  # written before manifests: at least the parts must be there
+        for name in REQUIRED:
+            if not (path / name).exists():
+                raise InputError(f"{path / name}: missing from the shipped retriever {path}; {fix}")
+        return
+    try:
+        files = json.loads(m.read_text(encoding="utf-8"))["files"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise InputError(f"{m}: unreadable manifest ({e}); {fix}") from None
+    for name, want in files.items():
+        f = path / name
+        if not f.is_file():
+            raise InputError(
+                f"{f}: missing from the shipped retriever {path} (its {MANIFEST} lists it); {fix}"
+            )
+        size = f.stat().st_size
+        if size != want["size"]:
+            raise InputError(f"{f}: corrupt: {size} bytes, {MANIFEST} says {want['size']}; {fix}")
+        if _sha256(f) != want["sha256"]:
+            raise InputError(f"{f}: corrupt: its sha256 differs from the one in {MANIFEST}; {fix}")
+
+
+def save(
+    r: PromptRetriever,
+    out: str | Path,
+    card: str | None = None,
+    run: str | Path | None = None,
+    overwrite: bool = False,
+) -> Path:
+    """Write ``r`` into the folder ``out``, refused as :func:`check_destination` says (``overwrite``: replace a
+    non-empty folder). Written under a temporary name beside ``out`` and renamed into place, so a half-written
+    folder is never left under the name and a killed write leaves the previous folder intact. ``run``: the run
+    folder it came from, for the model card (its training and comparison) and provenance."""
+    out = Path(out)
+    check_destination(out, overwrite, protect=[run] if run is not None else [])
+    out.parent.mkdir(parents=True, exist_ok=True)
+    _tidy(out)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    os.chmod(tmp, dir_mode())  # mkdtemp's 0700 would hide a shared retriever from its other users
+    try:
+        _write(r, tmp, card, run)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    old = None
+    if out.exists():
+        old = out.with_name(f".{out.name}.old-{secrets.token_hex(4)}")
+        os.rename(out, old)
+    os.rename(tmp, out)
+    if old is not None:
+        shutil.rmtree(old)
+    return out
+
+
+def _write(r: PromptRetriever, tmp: Path, card: str | None, run: str | Path | None) -> None:
+    """Every file of the folder into ``tmp``, ``manifest.json`` last."""
     from transformers import AutoTokenizer
 
     from epr.index import save_index
     from epr.models import resolve_lm
 
-    out = Path(out)
-    tmp = out.with_name(f".{out.name}.partial")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
     r.encoder.save_pretrained(tmp / "encoder")
     write_jsonl(tmp / "pool.jsonl", [e.to_json() for e in r.pool])
     save_index(r.index, tmp / "index.faiss")
@@ -72,10 +204,9 @@ def save(r: PromptRetriever, out: str | Path, card: str | None = None, run: str 
     if card is None:  # a retriever loaded from a shipped folder keeps its card
         card = getattr(r, "shipped", {}).get("card") or model_card(meta, {})
     atomic_write_text(tmp / "README.md", card)
-    if out.exists():
-        shutil.rmtree(out)
-    tmp.rename(out)
-    return out
+    apply_umask(tmp)  # the encoder's and tokenizer's files as the umask says (transformers writes some 0600)
+    manifest = {"format": FORMAT, "files": _file_list(tmp)}
+    atomic_write_text(tmp / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
 
 
 def _source(run: Path) -> dict:
@@ -145,11 +276,15 @@ def load(path: str | Path, revision: str | None = None, token: str | None = None
 
     path = resolve(path, revision, token)
     f = path / "retriever.json"
-    if not f.exists():
-        raise FileNotFoundError(
-            f"{path}: not a shipped retriever (no retriever.json; write one with `epr export`)"
-        )
-    meta = json.loads(f.read_text(encoding="utf-8"))
+    if not path.is_dir():
+        raise InputError(f"{path}: not a folder; pass a folder written by `epr export` (or a hub repo id)")
+    if not f.exists() and not (path / MANIFEST).exists():
+        raise InputError(f"{path}: not a shipped retriever (no retriever.json; write one with `epr export`)")
+    verify(path)
+    try:
+        meta = json.loads(f.read_text(encoding="utf-8"))
+    except ValueError as e:
+        raise InputError(f"{f}: not valid JSON ({e}); export the retriever again (epr export)") from None
     if meta.get("format") != FORMAT:
         raise InputError(f"{f}: format {meta.get('format')!r}; this epr reads {FORMAT!r}")
     task = get_task(config_from_dict(DataConfig, meta["task"], where=str(f)))

@@ -8,11 +8,33 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-__all__ = ["Example", "Ranking", "Hits", "Retriever", "InputError"]
+__all__ = [
+    "Example",
+    "Ranking",
+    "Hits",
+    "Retriever",
+    "UserError",
+    "InputError",
+    "ConfigError",
+    "UpstreamError",
+]
 
 
-class InputError(ValueError):
+class UserError(Exception):
+    """A failure the user can fix (a file, a setting, a missing step). The message names the file / key / URL,
+    what was expected and what to do; the CLI prints it as one paragraph with exit code 2, never a stack."""
+
+
+class InputError(UserError, ValueError):
     """Bad user input (file, row, field). The message names where and what."""
+
+
+class ConfigError(InputError):
+    """A bad configuration: a YAML file that does not parse, an override that is not ``key=value``, a wrong type."""
+
+
+class UpstreamError(UserError, RuntimeError):
+    """A stage was asked to run before the stages it reads from (or a command before the run it reads)."""
 
 
 @dataclass(frozen=True)

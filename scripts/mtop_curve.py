@@ -94,8 +94,32 @@ class DenseMetric:
         }
 
 
+def row_key(ctx: Context, retriever: str, fp: str, n: int) -> dict:
+    """What a dense-metric row was computed from, by the stages' own fingerprint rules: ``fp`` (the run's labels or
+    encoder), the retrieve stage's keys for this one retriever (``retrieve.k``, the eval subset, the SBERT encoder,
+    ...), the prompts stage's keys (``retrieve.prompt_budget``, ``retrieve.max_demos``, the inference LM's
+    tokenizer), the gold log-prob's scoring key (``models.inference_lm``: identity, dtype, forward) and ``n``."""
+    import dataclasses
+
+    from epr.stages.scores import scoring_key
+
+    cfg = ctx.cfg
+    one = Context(
+        dataclasses.replace(cfg, retrieve=dataclasses.replace(cfg.retrieve, retrievers=(retriever,)))
+    )
+    return {
+        "fp": fp,
+        "n": n,
+        "retriever": retriever,
+        "retrieve": pipeline.STAGES["retrieve"].keys(one),
+        "prompts": pipeline.STAGES["prompts"].keys(one),
+        "gold_logprob": scoring_key(cfg, inference=True),
+    }
+
+
 def cached_row(path: Path, key: dict, compute) -> dict:
     """A row file reused while its key (what it was computed from) is unchanged."""
+    key = json.loads(json.dumps(key))  # as the file holds it (tuples as lists)
     if path.exists():
         row = json.loads(path.read_text())
         if row.get("key") == key:
@@ -157,9 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict] = []
 
     def add(retriever: str, loss: str | None, labels: int | None, ctx: Context, name: str, fp: str) -> dict:
-        r = cached_row(
-            rows_dir / f"{name}.json", {"fp": fp, "n": len(metric.ev)}, lambda: metric(ctx, retriever)
-        )
+        key = row_key(ctx, retriever, fp, len(metric.ev))
+        r = cached_row(rows_dir / f"{name}.json", key, lambda: metric(ctx, retriever))
         row = {
             "retriever": name.split("@")[0],
             "loss": loss,

@@ -124,7 +124,9 @@ def test_own_csv_missing_column_is_named(tmp_path, capsys, caplog):
         ]
     )
     assert rc == 2
-    assert "bad.csv: missing column(s) ['answer']; columns are ['question', 'reply']" in caplog.text
+    err = capsys.readouterr().err
+    assert "bad.csv: missing column(s) ['answer']; columns are ['question', 'reply']" in err
+    assert "Traceback" not in err
 
 
 @pytest.mark.slow

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from epr.artifacts import read_jsonl, write_jsonl
+from epr.artifacts import prune_outputs, read_jsonl, write_jsonl
 from epr.context import Context
 from epr.prompts import Prompt, build_prompt
 from epr.stages.retrieve import eval_examples
@@ -52,4 +52,5 @@ def run_prompts(ctx: Context, out: Path, fp: str) -> dict:
             bad += p.status != "ok"
             rows.append(prompt_row(r["idx"], p))
         write_jsonl(out / f"{name}.jsonl", rows)
+    prune_outputs(out, [f"{name}.jsonl" for name in ctx.cfg.retrieve.retrievers])
     return {"rows": {"eval": len(ev), "retrievers": len(ctx.cfg.retrieve.retrievers), "prompt_problems": bad}}

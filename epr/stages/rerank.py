@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from epr.artifacts import ChunkStore, load_npy, read_jsonl, write_jsonl
+from epr.artifacts import ChunkStore, load_npy, prune_outputs, read_jsonl, save_npy, write_jsonl
 from epr.context import Context
 from epr.rerank import parse_retriever_name, rerank
 
@@ -68,6 +68,9 @@ def run_rerank(ctx: Context, out: Path, fp: str) -> dict:
                 for i, (r, s) in enumerate(zip(rows, sel))
             ]
         write_jsonl(out / f"{name}.jsonl", rows)
+    produced = [f"{name}.jsonl" for name in cfg.retrieve.retrievers]
     if quality is not None:
-        np.save(out / "quality_bias.npy", quality)
+        save_npy(out / "quality_bias.npy", quality)
+        produced.append("quality_bias.npy")
+    prune_outputs(out, produced)  # a former run's quality bias must not ship as this LM's (epr export)
     return {"rows": {"retrievers": len(cfg.retrieve.retrievers)}}

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from epr.artifacts import save_npy, write_jsonl
+from epr.artifacts import prune_outputs, save_npy, write_jsonl
 from epr.context import Context
 from epr.evaluation import seeded_subset
 from epr.rerank import parse_retriever_name
@@ -39,12 +39,16 @@ def run_retrieve(ctx: Context, out: Path, fp: str) -> dict:
     if not ev:
         raise ValueError(f"retrieve: no evaluation examples in {ctx.stage_dir('examples') / 'eval.jsonl'}")
     loaded: dict = {}
+    produced = []
     for name in first_stages(cfg.retrieve.retrievers):
         r = make_retriever(name, pool, ctx.task, cfg, ctx.encoder_dir(name), loaded)
         hits = r.retrieve(ev, cfg.retrieve.k)
         write_jsonl(out / f"{name}.jsonl", hits.rows(ev))
+        produced.append(f"{name}.jsonl")
         if isinstance(r, DenseRetriever):
             save_npy(out / f"{name}.query.npy", r.query_embeddings(ev))
             save_npy(out / f"{name}.pool.npy", r.pool_emb)
+            produced += [f"{name}.query.npy", f"{name}.pool.npy"]
         log.info("retrieve: %s, %d x %d", name, *hits.ids.shape)
+    prune_outputs(out, produced)
     return {"rows": {"eval": len(ev), "retrievers": len(first_stages(cfg.retrieve.retrievers))}}

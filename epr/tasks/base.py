@@ -11,12 +11,22 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from epr.artifacts import open_text, read_jsonl
+from epr.artifacts import open_text, read_jsonl_lines
 from epr.config import DataConfig
 from epr.evaluation import seeded_subset
 from epr.types import Example, InputError
 
-__all__ = ["Task", "RawRow", "LoadReport", "register", "get_task", "TASKS", "split_pool_eval", "read_table"]
+__all__ = [
+    "Task",
+    "RawRow",
+    "LoadReport",
+    "register",
+    "get_task",
+    "TASKS",
+    "split_pool_eval",
+    "read_table",
+    "field_text",
+]
 
 log = logging.getLogger(__name__)
 TASKS: dict[str, type[Task]] = {}
@@ -79,22 +89,98 @@ class LoadReport:
 
 
 def read_table(path: str | Path, input_field: str, output_field: str) -> Iterable[tuple[dict[str, Any], str]]:
-    """Rows of a JSONL or CSV/TSV file (UTF-8, a leading byte-order mark allowed; ``.gz`` too) as
-    (dict, 'file:line'). Missing columns and bytes that are not UTF-8 raise ``InputError``."""
+    """Rows of a JSONL (or JSON array) or CSV/TSV file (UTF-8, a leading byte-order mark allowed; ``.gz`` too) as
+    (dict, 'file:line'), the input and output fields as text (:func:`field_text`).
+
+    CSV/TSV go through the ``csv`` module's dialect rules: quoted fields may hold commas, quotes (doubled) and
+    newlines. A record with more or fewer fields than the header (an unquoted comma in a field) raises
+    ``InputError`` naming the file and line instead of cutting the row. So do missing columns, bytes that are not
+    UTF-8, an empty file, and an input or output that is an object, an array or NaN."""
     path = Path(path)
     name = path.name.removesuffix(".gz")
+    n = 0
     if name.endswith((".csv", ".tsv")):
         with open_text(path, newline="") as f:
-            reader = csv.DictReader(f, delimiter="\t" if name.endswith(".tsv") else ",")
-            cols = reader.fieldnames or []
-            missing = [c for c in (input_field, output_field) if c not in cols]
-            if missing:
-                raise InputError(f"{path}: missing column(s) {missing}; columns are {cols}")
-            for i, row in enumerate(reader, start=2):  # line 1 is the header
-                yield row, f"{path}:{i}"
+            reader = csv.reader(f, delimiter="\t" if name.endswith(".tsv") else ",", strict=True)
+            try:
+                cols = next(reader, None)
+                if cols is None:
+                    raise InputError(
+                        f"{path}: empty file; expected a header line naming the columns, then rows"
+                    )
+                missing = [c for c in (input_field, output_field) if c not in cols]
+                if missing:
+                    raise InputError(f"{path}: missing column(s) {missing}; columns are {cols}")
+                while True:
+                    start = reader.line_num + 1
+                    rec = next(reader, None)
+                    if rec is None:
+                        break
+                    if not rec:
+                        continue  # a blank line
+                    if len(rec) != len(cols):
+                        raise InputError(
+                            f"{path}:{start}: {len(rec)} fields, the header has {len(cols)} ({cols}); a field "
+                            'holding the delimiter must be quoted (e.g. "wake me at 7, am"), a quote doubled'
+                        )
+                    row = dict(zip(cols, rec))
+                    where = f"{path}:{start}"
+                    yield _text_fields(row, (input_field, output_field), where), where
+                    n += 1
+            except csv.Error as e:
+                raise InputError(
+                    f"{path}:{reader.line_num}: not valid CSV ({e}); quote fields as RFC 4180 does"
+                ) from None
     else:
-        for i, row in enumerate(read_jsonl(path, required=(input_field, output_field)), start=1):
-            yield row, f"{path}:#{i}"
+        for i, (lineno, row) in enumerate(
+            read_jsonl_lines(path, required=(input_field, output_field)), start=1
+        ):
+            yield _text_fields(row, (input_field, output_field), f"{path}:{lineno}"), f"{path}:#{i}"
+            n += 1
+    if n == 0:
+        raise InputError(
+            f"{path}: no rows (an empty file); expected rows with the fields {input_field!r}, {output_field!r}"
+        )
+
+
+def field_text(value: Any, where: str, field: str) -> str | None:
+    """An input or output value as text: a string as it is, a number or a boolean as JSON writes it (``3``, ``2.5``,
+    ``true``), null as None (an empty value, skipped and counted). An object, an array, NaN/Infinity or a string that
+    cannot be UTF-8 (a lone surrogate escape) raise ``InputError`` naming ``where`` and ``field``."""
+    import json
+    import math
+
+    if value is None or isinstance(value, str):
+        text = value
+    elif isinstance(value, bool):
+        text = "true" if value else "false"
+    elif isinstance(value, int):
+        text = str(value)
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            raise InputError(f"{where}: field {field!r} is {value} (not a number); give a number or a text")
+        text = json.dumps(value)
+    else:
+        kind = (
+            "an object" if isinstance(value, dict) else "an array" if isinstance(value, list) else type(value)
+        )
+        raise InputError(
+            f"{where}: field {field!r} is {kind} ({json.dumps(value)[:60]}); expected a text (or a number): "
+            "write it as a string if it is meant as one"
+        )
+    if text is not None:
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise InputError(
+                f"{where}: field {field!r} holds {text[e.start]!r} at character {e.start + 1}, a lone surrogate "
+                "(an escape such as \\ud800 without its pair); it cannot be written as UTF-8: fix the text"
+            ) from None
+    return text
+
+
+def _text_fields(row: dict[str, Any], fields: Sequence[str], where: str) -> dict[str, Any]:
+    return {**row, **{k: field_text(row[k], where, k) for k in fields}}
 
 
 def split_pool_eval(
@@ -137,6 +223,16 @@ class Task:
         self.report = LoadReport()
 
     # ---- loading -------------------------------------------------------------------------------
+    def data_files(self) -> list[Path]:
+        """The local files :meth:`raw_splits` reads (none when it reads the hub): their content is part of the
+        examples stage's key, so a file replaced in place makes the run stale."""
+        return []
+
+    def where(self) -> str:
+        """The data's source for messages: its files, else the task's name."""
+        files = self.data_files()
+        return ", ".join(str(f) for f in files) if files else f"task {self.name}"
+
     def raw_splits(self) -> tuple[list[RawRow], list[RawRow]]:
         raise NotImplementedError
 
@@ -150,7 +246,10 @@ class Task:
             keep = seeded_subset(len(ev), self.cfg.eval_limit, self.cfg.split_seed)
             ev = [Example(i, ev[j].input, ev[j].output, ev[j].meta) for i, j in enumerate(keep)]
         if not pool:
-            raise InputError(f"task {self.name}: the demonstration pool is empty")
+            raise InputError(
+                f"{self.where()}: the demonstration pool is empty ({self.report.summary()}); every row needs a "
+                f"non-empty {self.cfg.input_field!r} and {self.cfg.output_field!r}"
+            )
         if self.report.skipped:
             log.warning("task %s: %s", self.name, self.report.summary())
         return pool, ev

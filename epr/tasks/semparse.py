@@ -8,6 +8,7 @@ from pathlib import Path
 from epr.artifacts import read_jsonl
 from epr.tasks.base import RawRow, Task, register, split_pool_eval
 from epr.tasks.qdmr_lf import lf_match
+from epr.types import InputError
 
 __all__ = ["MTOP", "Break", "SMCalFlow", "Demo", "Generic", "TruthfulQA"]
 
@@ -20,6 +21,11 @@ class MTOP(Task):
     normalisation of the decoupled logical form."""
 
     hub_name = "iohadrubin/mtop"
+
+    def data_files(self):
+        if not self.cfg.data_dir:
+            return []
+        return [Path(self.cfg.data_dir) / "mtop" / f"mtop_en.{s}.jsonl" for s in ("train", "validation")]
 
     def raw_splits(self):
         if self.cfg.data_dir:
@@ -43,6 +49,9 @@ class Break(Task):
     hub_name = "break_data"
     extra_metrics = {"lf_em": lf_match}
     paper_metric = "lf_em"
+
+    def data_files(self):
+        return [Path(self.cfg.data_dir) / "break" / "qdmr.validation.jsonl"] if self.cfg.data_dir else []
 
     def raw_splits(self):
         if self.cfg.data_dir:
@@ -68,6 +77,11 @@ class SMCalFlow(Task):
 
     hub_name = "iohadrubin/smcalflow"
 
+    def data_files(self):
+        if not self.cfg.data_dir:
+            return []
+        return [Path(self.cfg.data_dir) / "smcalflow" / "smcalflow2.validation.jsonl.gz"]
+
     def raw_splits(self):
         path = self.data_path("smcalflow", "smcalflow2.validation.jsonl.gz") if self.cfg.data_dir else None
         if path is None:
@@ -89,6 +103,10 @@ class Demo(Task):
     """The packaged demo set (a small smart-home command parser written for this project, CC0).
     Ships its own pool/eval split: ``epr/data/demo.{pool,eval}.jsonl``."""
 
+    def data_files(self):
+        root = Path(self.cfg.data_dir) if self.cfg.data_dir else DEMO_DIR
+        return [root / "demo.pool.jsonl", root / "demo.eval.jsonl"]
+
     def raw_splits(self):
         root = Path(self.cfg.data_dir) if self.cfg.data_dir else DEMO_DIR
         return (self.rows_from_file(root / "demo.pool.jsonl"), self.rows_from_file(root / "demo.eval.jsonl"))
@@ -100,9 +118,12 @@ class Generic(Task):
     ``data.input_field`` / ``data.output_field``). With ``data.eval_path`` that file is the evaluation set;
     otherwise ``data.eval_size`` rows are held out deterministically."""
 
+    def data_files(self):
+        return [Path(p) for p in (self.cfg.path, self.cfg.eval_path) if p]
+
     def raw_splits(self):
         if not self.cfg.path:
-            raise ValueError("task jsonl: set data.path=<your file.jsonl|.csv>")
+            raise InputError("task jsonl: data.path is not set; set data.path=<your file.jsonl|.csv|.tsv>")
         rows = self.rows_from_file(self.cfg.path, self.cfg.input_field, self.cfg.output_field)
         if self.cfg.eval_path:
             return rows, self.rows_from_file(self.cfg.eval_path, self.cfg.input_field, self.cfg.output_field)
@@ -116,6 +137,11 @@ class TruthfulQA(Task):
 
     hub_name = "truthful_qa"
     stop = "\n\n"
+
+    def data_files(self):
+        return (
+            [Path(self.cfg.data_dir) / "truthfulqa" / "truthfulqa.2021-10.jsonl"] if self.cfg.data_dir else []
+        )
 
     def raw_splits(self):
         if self.cfg.data_dir:
