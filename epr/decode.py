@@ -174,7 +174,9 @@ class LeanDecoder:
         out: list[list[int]] = [[] for _ in prompts]
         if self.max_new_tokens <= 0:
             return out
-        for batch in length_batches([len(p) for p in prompts], self.max_rows, self.max_rows * self.max_context):
+        for batch in length_batches(
+            [len(p) for p in prompts], self.max_rows, self.max_rows * self.max_context
+        ):
             for i, ids in zip(batch, self._batch([prompts[i] for i in batch])):
                 out[i] = ids
         return out

@@ -126,7 +126,9 @@ def _convert_gguf(gguf: Path, out_dir: Path) -> Path:
     tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=out_dir.name + "."))
     fresh.save_pretrained(tmp)
     tok.save_pretrained(tmp)
-    apply_umask(tmp)  # mkdtemp's 0700 and transformers' 0600 shards would hide it from the cache's other users
+    apply_umask(
+        tmp
+    )  # mkdtemp's 0700 and transformers' 0600 shards would hide it from the cache's other users
     if out_dir.exists():
         shutil.rmtree(out_dir)
     os.replace(tmp, out_dir)
