@@ -141,8 +141,11 @@ class RetrieveConfig:
 @dataclass(frozen=True)
 class GenerateConfig:
     max_new_tokens: int = 96
-    batch_size: int = 8
-    chunk_size: int = 64
+    batch_size: int = 8  # transformers' generate (engine hf, and models the lean decoder does not cover)
+    chunk_size: int = 64  # prompts per resumable chunk
+    engine: str = "auto"  # auto: the lean decoder (epr/decode.py) where it covers the model, else hf
+    decode_rows: int = 64  # lean decoder: rows decoded together
+    prefill_tokens: int = 8192  # lean decoder: padded prompt tokens per prefill slice
 
 
 @dataclass(frozen=True)
@@ -256,6 +259,7 @@ _CHOICES = {
     ("labels", "source"): {"lm", "bm25"},
     ("models", "dtype"): {"auto", "bf16", "fp32"},
     ("models", "pack_linear"): {"auto", "on", "off"},
+    ("generate", "engine"): {"auto", "lean", "hf"},
     ("train", "mixed_precision"): {"no", "bf16"},
     ("train", "loss"): {"epr", "listwise", "distill"},
     ("train", "similarity"): {"dot", "cosine"},

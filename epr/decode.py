@@ -10,7 +10,7 @@ the task's end marker. Per batch of prompts (sorted by token length, so that lit
    its own rotary position ``len_b + s``; a boolean mask keeps each row to its prompt's positions and its generated
    slots (attention does not care where in the cache a key sits, only about its rotary position).
 3. **Stop** on token ids: a table built once from the vocabulary says which tokens contain the stop string (stop
-   there) and which could start or continue one across tokens (then the row's generated text is decoded and
+   there) and which could complete one that spans tokens (then the row's generated text is decoded and
    checked). End-of-sequence tokens stop a row too. Finished rows are dropped from the cache once half a batch is
    done, and a batch ends when every row has stopped.
 
@@ -36,8 +36,8 @@ log = logging.getLogger(__name__)
 class StopTable:
     """Which token ids end a generation for ``stop`` (a string) and the model's end-of-sequence ids.
 
-    ``full[i]``: token ``i``'s text contains ``stop``. ``partial[i]``: it could be part of a ``stop`` that spans
-    tokens (its text ends with a proper prefix of ``stop``, lies inside it, or is an incomplete UTF-8 piece); the
+    ``full[i]``: token ``i``'s text contains ``stop``. ``partial[i]``: it could complete a ``stop`` that spans
+    tokens (its text starts with a proper suffix of ``stop``, lies inside it, or is an incomplete UTF-8 piece); the
     row's text is then decoded and searched. For a one-character stop such as a newline ``partial`` is empty."""
 
     def __init__(self, tok, vocab_size: int, stop: str | None, eos_ids: Sequence[int] = ()):
@@ -58,7 +58,7 @@ class StopTable:
                 if s in t:
                     self.full[i] = True
                 elif len(s) > 1 and (
-                    t in s or any(t.endswith(s[:j]) for j in range(1, len(s))) or "\ufffd" in t
+                    t in s or any(t.startswith(s[j:]) for j in range(1, len(s))) or "\ufffd" in t
                 ):
                     self.partial[i] = True
 
@@ -110,8 +110,9 @@ class _Cache:
     """Per-layer keys and values ``(B, Hkv, S, D)`` and which slots each row may attend to ``(B, S)``."""
 
     def __init__(self, n_layers: int, B: int, Hkv: int, S: int, D: int, dtype, device):
-        self.k = [torch.empty(B, Hkv, S, D, dtype=dtype, device=device) for _ in range(n_layers)]
-        self.v = [torch.empty(B, Hkv, S, D, dtype=dtype, device=device) for _ in range(n_layers)]
+        # zeros, not empty: a masked slot's weight is 0, but 0 x (NaN in uninitialised memory) is NaN
+        self.k = [torch.zeros(B, Hkv, S, D, dtype=dtype, device=device) for _ in range(n_layers)]
+        self.v = [torch.zeros(B, Hkv, S, D, dtype=dtype, device=device) for _ in range(n_layers)]
         self.valid = torch.zeros(B, S, dtype=torch.bool, device=device)
 
     def attend(self, fast: FastLlama, lo: int, hi: int, mask: torch.Tensor | None, r0: int = 0, r1=None):

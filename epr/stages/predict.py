@@ -35,7 +35,10 @@ def inference_lm(cfg, stop: str):
     from epr.stages.scores import scorer_for
 
     model, tok = load_lm_for(cfg.models, inference=True)
-    gen = Generator(model, tok, cfg.generate.max_new_tokens, cfg.generate.batch_size, stop)
+    g = cfg.generate
+    gen = Generator(
+        model, tok, g.max_new_tokens, g.batch_size, stop, g.engine, g.decode_rows, g.prefill_tokens
+    )
     return gen, scorer_for(cfg, model, tok)
 
 
