@@ -41,6 +41,8 @@ class DataConfig:
     split_seed: int = 0
     pool_limit: int | None = None  # keep only the first N pool rows (after splitting)
     eval_limit: int | None = None  # evaluate on a fixed random subset of N eval rows (seeded)
+    # dev: that subset (where every choice is made); locked: the rest of the eval split, evaluated once at the end
+    eval_part: str = "dev"
     path: str | None = None  # generic task: the {input, output} JSONL/CSV file
     eval_path: str | None = None  # generic task: optional separate evaluation file
     input_field: str = "input"
@@ -260,6 +262,7 @@ _CHOICES = {
     ("models", "dtype"): {"auto", "bf16", "fp32"},
     ("models", "pack_linear"): {"auto", "on", "off"},
     ("generate", "engine"): {"auto", "lean", "hf"},
+    ("data", "eval_part"): {"dev", "locked"},
     ("train", "mixed_precision"): {"no", "bf16"},
     ("train", "loss"): {"epr", "listwise", "distill"},
     ("train", "similarity"): {"dot", "cosine"},

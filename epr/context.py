@@ -46,12 +46,20 @@ class Dist:
             self._state.wait_for_everyone()
 
 
+COMPARING_STAGES = ("retrieve", "rerank", "prompts", "predict", "evaluate")
+
+
 @dataclass
 class Context:
     cfg: ExperimentConfig
     dist: Dist = field(default_factory=Dist)
 
     def stage_dir(self, stage: str) -> Path:
+        """``<run_dir>/<stage>``; the comparing stages of a ``data.eval_part=locked`` run go under
+        ``<run_dir>/locked/`` so that the dev part's outputs stay as they are (training is shared: it never
+        depends on the compared part)."""
+        if self.cfg.data.eval_part == "locked" and stage in COMPARING_STAGES:
+            return self.cfg.run_dir / "locked" / stage
         return self.cfg.run_dir / stage
 
     def sub_run(self, name: str) -> Context:

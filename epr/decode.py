@@ -28,9 +28,48 @@ import torch
 
 from epr.fastlm import FastLlama
 
-__all__ = ["LeanDecoder", "StopTable", "length_batches"]
+__all__ = ["LeanDecoder", "StopTable", "length_batches", "plain_greedy", "release_free_memory"]
 
 log = logging.getLogger(__name__)
+
+CACHE_TOKENS_PER_ROW = 512
+SHAPE_STEP = 32
+
+
+def _round_up(n: int, step: int = SHAPE_STEP) -> int:
+    return -(-n // step) * step
+
+
+def release_free_memory() -> None:
+    """Give freed heap memory back to the system (glibc ``malloc_trim``): many differently sized prefill and
+    cache tensors otherwise leave the process's resident size growing with the number of prompts."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to do
+        pass
+
+
+def plain_greedy(model) -> list[str]:
+    """What in the model's generation config would make ``transformers``' greedy ``generate`` differ from plain
+    argmax decoding (logits processors the lean decoder does not apply); empty when none."""
+    gc = getattr(model, "generation_config", None)
+    if gc is None:
+        return []
+    checks = {
+        "repetition_penalty": lambda v: v not in (None, 1.0),
+        "no_repeat_ngram_size": lambda v: v not in (None, 0),
+        "bad_words_ids": lambda v: bool(v),
+        "suppress_tokens": lambda v: bool(v),
+        "begin_suppress_tokens": lambda v: bool(v),
+        "forced_bos_token_id": lambda v: v is not None,
+        "forced_eos_token_id": lambda v: v is not None,
+        "min_new_tokens": lambda v: bool(v),
+        "min_length": lambda v: bool(v),
+        "sequence_bias": lambda v: bool(v),
+    }
+    return [k for k, bad in checks.items() if bad(getattr(gc, k, None))]
 
 
 class StopTable:
@@ -152,14 +191,13 @@ class LeanDecoder:
         head = model.get_output_embeddings()
         self.head = head
         vocab = head.out_features if hasattr(head, "out_features") else head.weight.shape[0]
+        # transformers' generate stops at the generation config's end-of-sequence ids (none: it never stops there)
         eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-        if eos is None:
-            eos = tok.eos_token_id
         eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
         self.stops = StopTable(tok, vocab, stop, eos_ids)
         self.device = next(model.parameters()).device
-        # a decoding group holds at most max_rows rows of at most this many cached tokens each (bounds its cache)
-        self.max_context = 2048 + max_new_tokens
+        # a decoding group's cache holds at most max_rows x CACHE_TOKENS_PER_ROW slots (fewer rows for long prompts)
+        self.cache_tokens = max_rows * CACHE_TOKENS_PER_ROW
         self.stats = {
             "prompts": 0,
             "prompt_tokens": 0,
@@ -175,11 +213,11 @@ class LeanDecoder:
         out: list[list[int]] = [[] for _ in prompts]
         if self.max_new_tokens <= 0:
             return out
-        for batch in length_batches(
-            [len(p) for p in prompts], self.max_rows, self.max_rows * self.max_context
-        ):
+        need = [_round_up(len(p)) + self.max_new_tokens for p in prompts]
+        for batch in length_batches(need, self.max_rows, self.cache_tokens):
             for i, ids in zip(batch, self._batch([prompts[i] for i in batch])):
                 out[i] = ids
+        release_free_memory()
         return out
 
     def _logits_argmax(self, h: torch.Tensor) -> torch.Tensor:
@@ -192,7 +230,9 @@ class LeanDecoder:
         lens = torch.tensor([len(p) for p in prompts], dtype=torch.long, device=dev)
         if int(lens.min()) == 0:
             raise ValueError("an empty prompt (no tokens) cannot be continued")
-        P = int(lens.max())
+        P = _round_up(
+            int(lens.max())
+        )  # shapes from a small set: the allocator and oneDNN reuse what they hold
         dtype = fast.final_w.dtype
         cache = _Cache(len(fast.layers), B, fast.Hkv, P + self.max_new_tokens, fast.D, dtype, dev)
         cache.valid[:, :P] = torch.arange(P, device=dev)[None] < lens[:, None]
@@ -203,7 +243,7 @@ class LeanDecoder:
         nxt = torch.empty(B, dtype=torch.long, device=dev)
         for sl in length_batches([len(p) for p in prompts], B, self.max_tokens):
             lo, hi = min(sl), max(sl) + 1  # the group is sorted by length: a slice is a contiguous run
-            Ps = int(lens[lo:hi].max())
+            Ps = _round_up(int(lens[lo:hi].max()))  # right padding: the real tokens never attend to it
             ids = torch.full((hi - lo, Ps), self.tok.pad_token_id or 0, dtype=torch.long, device=dev)
             for r in range(lo, hi):
                 ids[r - lo, : len(prompts[r])] = torch.as_tensor(prompts[r], dtype=torch.long)

@@ -49,6 +49,23 @@ def seeded_subset(n: int, limit: int | None, seed: int) -> np.ndarray:
     return np.sort(np.random.default_rng(seed).choice(n, limit, replace=False))
 
 
+def eval_part(n: int, limit: int | None, part: str, seed: int) -> np.ndarray:
+    """Positions of the compared part of an eval split of ``n`` rows: ``dev``, the seeded subset of ``limit``
+    (all rows when ``limit`` is None), where every choice is made; ``locked``, the rows ``dev`` leaves out,
+    evaluated once at the end."""
+    dev = seeded_subset(n, limit, seed)
+    if part == "dev":
+        return dev
+    if part != "locked":
+        raise ValueError(f"data.eval_part must be dev or locked, not {part!r}")
+    if limit is None or limit >= n:
+        raise ValueError(
+            f"data.eval_part=locked needs data.eval_limit below the eval split's {n} rows (the dev subset whose "
+            "complement is locked away)"
+        )
+    return np.setdiff1d(np.arange(n), dev)
+
+
 def mean_ci(
     x: Sequence[float], n_boot: int = 1000, seed: int = 0, alpha: float = 0.05
 ) -> tuple[float, float, float]:

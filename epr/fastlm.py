@@ -21,6 +21,7 @@ the scorer falls back to the HF forward.
 from __future__ import annotations
 
 import logging
+import weakref
 
 import torch
 import torch.nn.functional as F
@@ -168,8 +169,23 @@ class FastLlama(torch.nn.Module):
         return self.stack(ids, pos, after)
 
 
+_BUILT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def fast_backbone(model) -> FastLlama | None:
-    """A :class:`FastLlama` for a model it reproduces exactly, else ``None`` (callers use the HF forward)."""
+    """A :class:`FastLlama` for a model it reproduces exactly, else ``None`` (callers use the HF forward). Built
+    once per model (its fused weights are copies): the scorer and the decoder of one model share it."""
+    if model in _BUILT:  # (False for objects that cannot be weakly referenced)
+        return _BUILT[model]
+    fast = _fast_backbone(model)
+    try:
+        _BUILT[model] = fast
+    except TypeError:  # not weak-referenceable: built again next time
+        pass
+    return fast
+
+
+def _fast_backbone(model) -> FastLlama | None:
     cfg = getattr(model, "config", None)
     if cfg is None or getattr(cfg, "model_type", None) != "llama":
         return None

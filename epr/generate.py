@@ -38,7 +38,7 @@ class Generator:
         self._stop_in_vocab: bool | None = None  # found out on the first batch
         self.lean = None
         if engine != "hf":
-            from epr.decode import LeanDecoder
+            from epr.decode import LeanDecoder, plain_greedy
             from epr.fastlm import fast_backbone
 
             fast = fast_backbone(model)
@@ -46,6 +46,15 @@ class Generator:
                 raise ValueError(
                     f"generate.engine=lean: the lean decoder does not cover {type(model).__name__}; use auto or hf"
                 )
+            processors = plain_greedy(model)
+            if processors:
+                if engine == "lean":
+                    raise ValueError(
+                        f"generate.engine=lean: the model's generation config sets {', '.join(processors)}, "
+                        "which the lean decoder does not apply; use auto or hf"
+                    )
+                log.info("generation config sets %s: using transformers' generate", ", ".join(processors))
+                fast = None
             if fast is not None:
                 self.lean = LeanDecoder(
                     model, fast, tokenizer, max_new_tokens, stop, decode_rows, prefill_tokens

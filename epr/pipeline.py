@@ -39,7 +39,9 @@ def _const(*deps: str):
 
 
 def _examples_keys(ctx: Context) -> dict:
-    keys: dict = {"data": ctx.cfg.section("data")}
+    # the whole eval split is kept: the compared part (eval_limit, eval_part) is the retrieve stage's key
+    data = {k: v for k, v in ctx.cfg.section("data").items() if k not in ("eval_limit", "eval_part")}
+    keys: dict = {"data": data}
     # data files may be edited or replaced in place: their content is part of the key (hashed once per change)
     files = [p for p in (ctx.cfg.data.path, ctx.cfg.data.eval_path) if p] or [
         str(f) for f in ctx.task.data_files()
@@ -62,6 +64,7 @@ def _retrieve_keys(ctx: Context) -> dict:
         "k": rc.k,
         "index_factory": rc.index_factory,
         "eval_limit": rc.eval_limit,
+        "eval_part": [cfg.data.eval_limit, cfg.data.eval_part, cfg.data.split_seed],
         "seed": cfg.seed,
         "bm25_backend": cfg.candidates.backend,
     }

@@ -49,9 +49,21 @@ LOSS_SETTINGS = {  # the similarity each loss is trained with (EPR: the paper's 
 REFERENCES = ("bm25", "sbert", "untrained", "bm25-oracle", "lm-oracle")
 
 
+SPLIT_SETTINGS = {  # dev: the seeded evaluation subset every choice is made on; locked: the rest, once at the end
+    "dev": [],
+    "locked": ["data.eval_part=locked", "retrieve.eval_limit=null"],
+}
+BASE_SEED = 42  # TrainConfig.seed's default: the committed single-seed runs
+
+
 def ctx_for(args, name: str, *extra: str) -> Context:
-    cfg = load_config([args.config], [f"run_root={args.run_root}", *args.set, f"name={name}", *extra])
-    return Context(cfg)
+    sets = [f"run_root={args.run_root}", *args.set, f"name={name}", *SPLIT_SETTINGS[args.split], *extra]
+    return Context(load_config([args.config], sets))
+
+
+def seeded(name: str, seed: int) -> str:
+    """A run or row name for training seed ``seed`` (the base seed keeps the committed names)."""
+    return name if seed == BASE_SEED else f"{name}-s{seed}"
 
 
 class DenseMetric:
@@ -138,9 +150,28 @@ def em_rows(ctx: Context, retrievers: list[str]) -> dict[str, dict]:
         json.loads(x) for x in (ctx.stage_dir("evaluate") / "per_query.jsonl").read_text().splitlines()
     ]
     return {
-        r: {"idx": [q["idx"] for q in per_query], "correct": [bool(q[r]["correct"]) for q in per_query]}
+        r: {
+            "idx": [q["idx"] for q in per_query],
+            "correct": [bool(q[r]["correct"]) for q in per_query],
+            "prediction": [q[r]["prediction"] for q in per_query],
+        }
         for r in retrievers
     }
+
+
+def save_em(rows_dir: Path, name: str, e: dict) -> None:
+    """Per-example correctness and prediction of an exact-match row (gzipped JSON): every EM figure and McNemar
+    test can be recomputed from the repository."""
+    import gzip
+
+    rows_dir.mkdir(parents=True, exist_ok=True)
+    with gzip.open(rows_dir / f"em-{name}.json.gz", "wt", encoding="utf-8") as f:
+        json.dump(e, f)
+
+
+def pooled(es: list[dict]) -> dict:
+    """Several seeds' EM rows as one: examples x seeds, paired against a reference repeated per seed."""
+    return {k: [x for e in es for x in e[k]] for k in ("idx", "correct", "prediction")}
 
 
 def paired_p(a: dict, b: dict) -> float:
@@ -164,9 +195,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--run-root", default="runs")
     ap.add_argument("--out", default=str(ROOT / "results" / "mtop-curve"))
     ap.add_argument("--set", action="append", default=[])
+    ap.add_argument("--split", choices=sorted(SPLIT_SETTINGS), default="dev")
+    ap.add_argument(
+        "--seeds",
+        default=str(BASE_SEED),
+        help="training seeds (train.seed) of every learned row; >1: pooled rows",
+    )
     a = ap.parse_args(argv)
+    if a.split == "locked" and a.out == str(ROOT / "results" / "mtop-curve"):
+        a.out = str(ROOT / "results" / "mtop-curve-locked")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     sizes = sorted(int(s) for s in a.sizes.split(","))
+    seeds = [int(s) for s in a.seeds.split(",") if s]
     losses = [s for s in a.losses.split(",") if s]
     out = Path(a.out)
     rows_dir = out / "rows"
@@ -180,13 +220,19 @@ def main(argv: list[str] | None = None) -> int:
     metric = DenseMetric(base)
     rows: list[dict] = []
 
-    def add(retriever: str, loss: str | None, labels: int | None, ctx: Context, name: str, fp: str) -> dict:
+    def add(
+        retriever: str, loss: str | None, labels: int | None, ctx: Context, name: str, fp: str, seed=None
+    ) -> dict:
         key = row_key(ctx, retriever, fp, len(metric.ev))
         r = cached_row(rows_dir / f"{name}.json", key, lambda: metric(ctx, retriever))
         row = {
+            "name": name,
             "retriever": name.split("@")[0],
             "loss": loss,
             "labels": labels,
+            "seed": seed,
+            "seeds": 1,
+            "split": a.split,
             "run": str(ctx.cfg.run_dir),
             **r,
         }
@@ -210,12 +256,15 @@ def main(argv: list[str] | None = None) -> int:
     runs: dict[tuple[int, str], Context] = {}
     for n in sizes:
         for loss in losses:
-            c = ctx_for(a, f"mtop-curve/{n}-{loss}", f"candidates.num_queries={n}", *LOSS_SETTINGS[loss])
-            t = time.time()
-            pipeline.run(c, until="encoder")
-            log.info("trained %d-%s (%.0f s)", n, loss, time.time() - t)
-            runs[(n, loss)] = c
-            add("epr", loss, n, c, f"epr@{n}-{loss}", pipeline.stage_fingerprint(c, "encoder"))
+            for seed in seeds:
+                c = curve_ctx(a, n, loss, seed)
+                t = time.time()
+                pipeline.run(c, until="encoder")
+                log.info("trained %d-%s seed %d (%.0f s)", n, loss, seed, time.time() - t)
+                runs[(n, loss, seed)] = c
+                fp = pipeline.stage_fingerprint(c, "encoder")
+                add("epr", loss, n, c, seeded(f"epr@{n}-{loss}", seed), fp, seed)
+            _add_pooled(rows, n, loss, seeds)
             _write(out, rows, a, t0)
 
     # 4. exact match for the rows that decide the bar
@@ -229,37 +278,85 @@ def main(argv: list[str] | None = None) -> int:
             u = ctx_for(
                 a,
                 "mtop-curve/untrained",
+                top,
                 "train.epochs=0",
                 *LOSS_SETTINGS["distill"],
                 "retrieve.retrievers=[epr]",
             )
             em["untrained"] = em_rows(u, ["epr"])["epr"]
-        for n, loss in runs:
+        for n, loss, seed in runs:
             if a.em == "all" or n == sizes[-1]:
-                c2 = ctx_for(
-                    a,
-                    f"mtop-curve/{n}-{loss}",
-                    f"candidates.num_queries={n}",
-                    *LOSS_SETTINGS[loss],
-                    "retrieve.retrievers=[epr]",
-                )
-                em[f"epr@{n}-{loss}"] = em_rows(c2, ["epr"])["epr"]
+                c2 = curve_ctx(a, n, loss, seed, "retrieve.retrievers=[epr]")
+                em[seeded(f"epr@{n}-{loss}", seed)] = em_rows(c2, ["epr"])["epr"]
+                if len(seeds) > 1 and all(seeded(f"epr@{n}-{loss}", s) in em for s in seeds):
+                    em[f"epr@{n}-{loss}-pooled"] = pooled([em[seeded(f"epr@{n}-{loss}", s)] for s in seeds])
                 _attach_em(rows, em)
                 _write(out, rows, a, t0)
     _attach_em(rows, em)
+    for name, e in em.items():
+        if not name.endswith("-pooled"):
+            save_em(rows_dir, name, e)
     _write(out, rows, a, t0)
     log.info("done in %.0f s: %s", time.time() - t0, out)
     return 0
 
 
+def curve_ctx(a, n: int, loss: str, seed: int, *extra: str) -> Context:
+    """The training run of one curve point: ``n`` labels, ``loss``, training seed ``seed``."""
+    settings = [f"candidates.num_queries={n}", *LOSS_SETTINGS[loss], f"train.seed={seed}", *extra]
+    return ctx_for(a, seeded(f"mtop-curve/{n}-{loss}", seed), *settings)
+
+
+def paired_p_seeds(e: dict, ref: dict, k: int) -> float:
+    """Exact sign test, one pair per example, of the seeds' mean correctness against a reference's (with one seed,
+    the exact McNemar test). The seeds of an example are not independent examples: pairing examples x seeds with
+    a repeated reference would count each example k times."""
+    n = len(ref["correct"])
+    if len(e["correct"]) != k * n or any(e["idx"][s * n : (s + 1) * n] != ref["idx"] for s in range(k)):
+        raise ValueError("paired test on different examples")
+    mean = np.mean(np.reshape(np.asarray(e["correct"], dtype=float), (k, n)), axis=0)
+    r = np.asarray(ref["correct"], dtype=float)
+    return mcnemar_exact(int(np.sum(mean > r)), int(np.sum(mean < r)))
+
+
+def _add_pooled(rows: list[dict], n: int, loss: str, seeds: list[int]) -> None:
+    """A row pooling the seeds of one curve point: mean and spread of the seeds' gold log-probs; per example the
+    mean over seeds (the paired tests compare that with a reference on the same examples)."""
+    mine = [r for r in rows if r["loss"] == loss and r["labels"] == n and r["seeds"] == 1]
+    if len(seeds) < 2 or len(mine) < len(seeds):
+        return
+    per = np.array([[np.nan if v is None else v for v in r["per_query_logprob"]] for r in mine], dtype=float)
+    means = [r["gold_logprob"] for r in mine]
+    rows.append(
+        {
+            **{k: mine[0][k] for k in ("retriever", "loss", "labels", "split", "n")},
+            "name": f"epr@{n}-{loss}-pooled",
+            "seed": None,
+            "seeds": len(mine),
+            "gold_logprob": float(np.mean(means)),
+            "gold_logprob_sd": float(np.std(means, ddof=1)),
+            "gold_logprob_seed_values": means,
+            "gold_logprob_ci": [float(min(means)), float(max(means))],
+            "dpo": float(np.mean([r["dpo"] for r in mine])),
+            "per_query_logprob": [None if np.isnan(v) else float(v) for v in np.nanmean(per, axis=0)],
+        }
+    )
+
+
 def _attach_em(rows: list[dict], em: dict[str, dict]) -> None:
     for row in rows:
-        key = row["retriever"] if row["loss"] is None else f"epr@{row['labels']}-{row['loss']}"
+        key = row["retriever"] if row["loss"] is None else row["name"]
         if key in em:
             e = em[key]
             row["em"] = 100.0 * float(np.mean(e["correct"]))
-            row["p_vs_bm25"] = paired_p(e, em["bm25"]) if "bm25" in em and key != "bm25" else None
-            row["p_vs_sbert"] = paired_p(e, em["sbert"]) if "sbert" in em and key != "sbert" else None
+            k = row["seeds"]
+            for b in ("bm25", "sbert"):
+                ref = em.get(b)
+                ok = ref is not None and key != b
+                row[f"p_vs_{b}"] = (paired_p(e, ref) if k == 1 else paired_p_seeds(e, ref, k)) if ok else None
+            if row["seeds"] > 1:
+                per_seed = [100.0 * float(np.mean(c)) for c in np.array_split(e["correct"], row["seeds"])]
+                row["em_seed_values"], row["em_sd"] = per_seed, float(np.std(per_seed, ddof=1))
             row["em_n"] = len(e["correct"])
 
 
@@ -282,11 +379,22 @@ def _write(out: Path, rows: list[dict], a, t0: float) -> None:
                 r[f"logprob_gain_vs_{b}"], r[f"logprob_p_vs_{b}"] = paired_logprob(
                     r["per_query_logprob"], ref[b]
                 )
+    gap = {m: {r["retriever"]: r.get(m) for r in rows if r["loss"] is None} for m in ("gold_logprob", "em")}
+
+    def captured(r: dict, m: str):
+        """(row - BM25) / (LM-Oracle - BM25) on the same examples and metric."""
+        b, o, v = gap[m].get("bm25"), gap[m].get("lm-oracle"), r.get(m)
+        return None if None in (b, o, v) or o == b else (v - b) / (o - b)
+
     slim = [
         {
             "retriever": r["retriever"],
             "loss": r["loss"],
             "labels": r["labels"],
+            "split": r.get("split", "dev"),
+            "seeds": r.get("seeds", 1),
+            "seed": r.get("seed"),
+            "oracle_gap_captured": {m: captured(r, m) for m in ("gold_logprob", "em")},
             "n": r.get("em_n", r["n"]),
             "em": r.get("em"),
             "p_vs_bm25": r.get("p_vs_bm25"),
@@ -302,6 +410,11 @@ def _write(out: Path, rows: list[dict], a, t0: float) -> None:
                     "logprob_gain_vs_sbert",
                     "logprob_p_vs_sbert",
                 )
+                if k in r
+            },
+            **{
+                k: r[k]
+                for k in ("em_sd", "em_seed_values", "gold_logprob_sd", "gold_logprob_seed_values")
                 if k in r
             },
             "train_seconds_or_eval_seconds": r.get("seconds"),
@@ -320,9 +433,16 @@ def _write(out: Path, rows: list[dict], a, t0: float) -> None:
         "on the same examples (p: Wilcoxon signed-rank). EM: exact match (%), p: exact McNemar vs BM25 / SBERT "
         "on the same examples.",
         "",
-        "| retriever | loss | labels | gold log-prob | 95% CI | Δ vs BM25 (p) | Δ vs SBERT (p) | DPO | EM | "
-        "EM p vs BM25 | EM p vs SBERT |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        f"Split: **{slim[0]['split'] if slim else a.split}** (dev: the curve's seeded subset every choice was made "
+        "on; locked: the rest of the validation split, evaluated once with the settings fixed beforehand). Seeds: "
+        "training seeds pooled in the row (pooled rows: mean over seeds, the interval column is the seeds' "
+        "min-max; EM p-values: exact sign test per example of the seeds' mean correctness vs the reference; "
+        "log-prob Δ: per example, the seeds' mean). Gap: the fraction of the BM25 → LM-Oracle gap captured "
+        "(gold log-prob; EM where both are measured).",
+        "",
+        "| retriever | loss | labels | seeds | gold log-prob | 95% CI | Δ vs BM25 (p) | Δ vs SBERT (p) | DPO | EM | "
+        "EM p vs BM25 | EM p vs SBERT | gap (log-prob / EM) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
 
     def gain(r: dict, b: str) -> str:
@@ -332,11 +452,13 @@ def _write(out: Path, rows: list[dict], a, t0: float) -> None:
     for r in slim:
         f = lambda v, d=1: "" if v is None else (f"{v:.{d}f}" if isinstance(v, float) else str(v))  # noqa: E731
         p = lambda v: "" if v is None else f"{v:.3g}"  # noqa: E731
+        g = r["oracle_gap_captured"]
+        gp = " / ".join("" if g[m] is None else f"{g[m]:.2f}" for m in ("gold_logprob", "em"))
         lines.append(
-            f"| {r['retriever']} | {r['loss'] or ''} | {r['labels'] or ''} | {f(r['gold_logprob'], 3)} | "
+            f"| {r['retriever']} | {r['loss'] or ''} | {r['labels'] or ''} | {r['seeds']} | {f(r['gold_logprob'], 3)} | "
             f"{r['gold_logprob_ci'][0]:.3f} to {r['gold_logprob_ci'][1]:.3f} | {gain(r, 'bm25')} | {gain(r, 'sbert')} | "
             f"{r['dpo']:.2e} | {f(r['em'])} | "
-            f"{p(r['p_vs_bm25'])} | {p(r['p_vs_sbert'])} |"
+            f"{p(r['p_vs_bm25'])} | {p(r['p_vs_sbert'])} | {gp} |"
         )
     (out / "curve.md").write_text("\n".join(lines) + "\n")
     _plot(out, slim)
@@ -357,7 +479,12 @@ def _plot(out: Path, rows: list[dict]) -> None:
         for i, r in enumerate(refs):
             ax.axhline(r[key], ls="--", lw=1, color=f"C{i + 3}", label=r["retriever"])
         for j, loss in enumerate(sorted({r["loss"] for r in rows if r["loss"]})):
-            pts = sorted((r["labels"], r[key]) for r in rows if r["loss"] == loss and r[key] is not None)
+            best = {}  # per point: the pooled row where seeds were pooled, else the base seed's
+            for r in rows:
+                if r["loss"] == loss and r[key] is not None and (r["seeds"] > 1 or r["seed"] == BASE_SEED):
+                    if r["labels"] not in best or r["seeds"] > best[r["labels"]]["seeds"]:
+                        best[r["labels"]] = r
+            pts = sorted((n, r[key]) for n, r in best.items())
             if pts:
                 ax.plot(*zip(*pts), "o-", color=f"C{j}", label=f"EPR ({loss})")
         ax.set(xscale="log", xlabel="LM-labelled training examples", ylabel=label)

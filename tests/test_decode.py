@@ -209,3 +209,26 @@ def test_cache_slots_never_written_are_zeros_not_garbage():
 
     c = _Cache(2, 3, 2, 5, 4, torch.float32, "cpu")
     assert all(bool((t == 0).all()) for t in c.k + c.v) and not c.valid.any()
+
+
+def test_a_generation_config_with_logits_processors_falls_back_to_hf(tiny_smol):
+    import copy
+
+    model, tok = tiny_smol
+    m = copy.deepcopy(model)
+    m.generation_config.repetition_penalty = 1.3
+    g = Generator(m, tok, 8, 4, "\n")
+    assert g.engine == "hf"  # the lean decoder would ignore the penalty: not the same decoding
+    with pytest.raises(ValueError, match="repetition_penalty"):
+        Generator(m, tok, 8, 4, "\n", engine="lean")
+    assert Generator(model, tok, 8, 4, "\n").engine == "lean"
+
+
+def test_shapes_are_rounded_and_memory_is_given_back(tiny_smol):
+    from epr.decode import SHAPE_STEP, release_free_memory
+
+    model, tok = tiny_smol
+    g = Generator(model, tok, 4, stop="\n", engine="lean")
+    g.generate(_prompts(10))
+    assert g.lean.stats["padded_prompt_tokens"] % SHAPE_STEP == 0
+    release_free_memory()  # a no-op where libc has no malloc_trim; never raises

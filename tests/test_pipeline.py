@@ -156,3 +156,67 @@ def test_scores_fingerprint_records_the_resolved_dtype(tmp_path, tiny_task_files
     assert (
         scoring_key(make_ctx(tmp_path, tiny_task_files, tiny_lm_dir, "scoring.batch_tokens=4096").cfg) != kbf
     )
+
+
+def test_killed_predict_resumes_with_the_same_predictions(
+    tmp_path, tiny_task_files, tiny_lm_dir, monkeypatch
+):
+    """Generation (the lean decoder) in chunks: a kill mid-stage keeps the finished chunks; the rerun generates only
+    the missing ones and writes the same predictions as an uninterrupted run."""
+    from epr.generate import Generator
+
+    sets = ("retrieve.retrievers=random,bm25", "generate.chunk_size=2", "generate.max_new_tokens=5")
+    clean = make_ctx(tmp_path / "a", tiny_task_files, tiny_lm_dir, *sets)
+    pipeline.run(clean, until="predict")
+    expected = {n: (clean.stage_dir("predict") / f"{n}.jsonl").read_bytes() for n in ("random", "bm25")}
+
+    ctx = make_ctx(tmp_path / "b", tiny_task_files, tiny_lm_dir, *sets)
+    pipeline.run(ctx, until="prompts")
+    real = Generator.generate
+    calls = {"n": 0, "engines": set()}
+
+    def dying(self, prompts):
+        calls["n"] += 1
+        calls["engines"].add(self.engine)
+        if calls["n"] == 4:
+            raise KeyboardInterrupt("killed")
+        return real(self, prompts)
+
+    monkeypatch.setattr(Generator, "generate", dying)
+    with pytest.raises(KeyboardInterrupt):
+        pipeline.run_stage(ctx, "predict")
+    assert calls["engines"] == {"lean"}  # the Llama test model takes the lean decoder
+    assert pipeline.status(ctx)["predict"] == "missing"
+    calls["n"] = -100
+    monkeypatch.setattr(
+        Generator, "generate", lambda self, p: (calls.__setitem__("n", calls["n"] + 1), real(self, p))[1]
+    )
+    pipeline.run_stage(ctx, "predict")
+    assert calls["n"] == -100 + 3  # 6 eval rows in chunks of 2 per retriever: 3 of the 6 chunks were done
+    for n, b in expected.items():
+        assert (ctx.stage_dir("predict") / f"{n}.jsonl").read_bytes() == b
+
+
+def test_locked_part_is_the_rest_of_the_eval_split_and_training_is_shared(
+    tmp_path, tiny_task_files, tiny_lm_dir
+):
+    from epr.stages.retrieve import eval_examples
+
+    dev = make_ctx(tmp_path, tiny_task_files, tiny_lm_dir, "data.eval_limit=4")
+    locked = make_ctx(tmp_path, tiny_task_files, tiny_lm_dir, "data.eval_limit=4", "data.eval_part=locked")
+    pipeline.run(dev, until="labels")
+    a, b = [e.idx for e in eval_examples(dev)], [e.idx for e in eval_examples(locked)]
+    assert (
+        len(a) == 4 and len(b) == 2 and sorted(a + b) == list(range(6))
+    )  # disjoint, together the whole split
+    # what trains the retriever does not depend on the compared part; what compares does
+    for stage in ("examples", "candidates", "scores", "labels", "encoder"):
+        assert pipeline.stage_fingerprint(dev, stage) == pipeline.stage_fingerprint(locked, stage)
+    assert pipeline.stage_fingerprint(dev, "retrieve") != pipeline.stage_fingerprint(locked, "retrieve")
+    assert pipeline.status(locked)["labels"] == "fresh"
+    whole = make_ctx(tmp_path, tiny_task_files, tiny_lm_dir, "data.eval_part=locked")
+    with pytest.raises(Exception, match="eval_limit below"):
+        eval_examples(whole)
+    assert locked.stage_dir("labels") == dev.stage_dir("labels")
+    assert locked.stage_dir("retrieve") != dev.stage_dir("retrieve")
+    assert locked.stage_dir("retrieve").parent.name == "locked"

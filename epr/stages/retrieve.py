@@ -13,16 +13,22 @@ from pathlib import Path
 
 from epr.artifacts import prune_outputs, save_npy, write_jsonl
 from epr.context import Context
-from epr.evaluation import seeded_subset
+from epr.evaluation import eval_part, seeded_subset
 from epr.rerank import parse_retriever_name
-from epr.types import Example
+from epr.types import ConfigError, Example
 
 log = logging.getLogger(__name__)
 
 
 def eval_examples(ctx: Context) -> list[Example]:
-    """The compared examples: the eval split, or its seeded subset of ``retrieve.eval_limit`` (ids kept)."""
+    """The compared examples (``idx``: the row of the eval split): ``data.eval_part`` of the split (``dev``: the
+    seeded subset of ``data.eval_limit``; ``locked``: the rest), then a seeded subset of ``retrieve.eval_limit``."""
+    d = ctx.cfg.data
     ev = ctx.examples("eval")
+    try:
+        ev = [ev[i] for i in eval_part(len(ev), d.eval_limit, d.eval_part, d.split_seed)]
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     return [ev[i] for i in seeded_subset(len(ev), ctx.cfg.retrieve.eval_limit, ctx.cfg.seed)]
 
 

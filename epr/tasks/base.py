@@ -13,7 +13,6 @@ import numpy as np
 
 from epr.artifacts import open_text, read_jsonl_lines
 from epr.config import DataConfig
-from epr.evaluation import seeded_subset
 from epr.types import Example, InputError
 
 __all__ = [
@@ -238,13 +237,12 @@ class Task:
 
     def load(self) -> tuple[list[Example], list[Example]]:
         """Return (pool, eval) with ``idx`` = position in the split. Empty inputs/outputs are skipped,
-        logged and counted in ``self.report`` (they cannot serve as demonstrations or be scored)."""
+        logged and counted in ``self.report`` (they cannot serve as demonstrations or be scored). The whole eval
+        split: which part of it is compared (``data.eval_limit`` / ``data.eval_part``) is chosen downstream
+        (``epr.evaluation.eval_part``), so that training never depends on it."""
         pool_raw, eval_raw = self.raw_splits()
         pool = self._finalise(pool_raw, self.cfg.pool_limit)
         ev = self._finalise(eval_raw, None)
-        if self.cfg.eval_limit is not None and self.cfg.eval_limit < len(ev):
-            keep = seeded_subset(len(ev), self.cfg.eval_limit, self.cfg.split_seed)
-            ev = [Example(i, ev[j].input, ev[j].output, ev[j].meta) for i, j in enumerate(keep)]
         if not pool:
             raise InputError(
                 f"{self.where()}: the demonstration pool is empty ({self.report.summary()}); every row needs a "

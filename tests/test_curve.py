@@ -1,0 +1,119 @@
+"""scripts/mtop_curve.py's result rows: seeds pooled, exact match paired on the pooled predictions, the split and the
+fraction of the oracle gap in curve.json (synthetic rows: no model)."""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def curve():
+    spec = importlib.util.spec_from_file_location("mtop_curve_rows", ROOT / "scripts" / "mtop_curve.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _row(name, loss, labels, lp, seed=None):
+    return {
+        "name": name,
+        "retriever": name.split("@")[0],
+        "loss": loss,
+        "labels": labels,
+        "seed": seed,
+        "seeds": 1,
+        "split": "locked",
+        "n": len(lp),
+        "gold_logprob": float(np.mean(lp)),
+        "gold_logprob_ci": [float(np.mean(lp)) - 0.1, float(np.mean(lp)) + 0.1],
+        "dpo": -0.5,
+        "per_query_logprob": list(lp),
+    }
+
+
+def test_pooled_rows_em_tests_gap_and_row_shape(curve, tmp_path):
+    rng = np.random.default_rng(0)
+    n = 40
+    bm25 = rng.normal(-10, 1, n)
+    oracle = bm25 + 2.0
+    seeds = [42, 1, 2]
+    seed_lp = [bm25 + 0.5 + rng.normal(0, 0.1, n) for _ in seeds]
+    rows = [
+        _row("bm25", None, None, bm25),
+        _row("lm-oracle", None, None, oracle),
+        _row("sbert", None, None, bm25 - 1),
+    ]
+    rows += [_row(curve.seeded("epr@100-distill", s), "distill", 100, lp, s) for s, lp in zip(seeds, seed_lp)]
+    curve._add_pooled(rows, 100, "distill", seeds)
+    pooled_row = rows[-1]
+    assert pooled_row["name"] == "epr@100-distill-pooled" and pooled_row["seeds"] == 3
+    assert pooled_row["gold_logprob"] == pytest.approx(np.mean([np.mean(x) for x in seed_lp]))
+    np.testing.assert_allclose(pooled_row["per_query_logprob"], np.mean(seed_lp, axis=0))
+    # a missing seed: no pooled row
+    assert curve._add_pooled(rows[:4], 100, "distill", seeds) is None and len(rows) == 7
+
+    idx = list(range(n))
+    ref = {"idx": idx, "correct": [i % 4 == 0 for i in idx], "prediction": ["x"] * n}
+    em = {"bm25": ref, "sbert": ref, "lm-oracle": {**ref, "correct": [True] * n}}
+    for s in seeds:  # every seed right where BM25 is, and on 10 more examples
+        em[curve.seeded("epr@100-distill", s)] = {**ref, "correct": [i % 4 == 0 or i < 10 for i in idx]}
+    em["epr@100-distill-pooled"] = curve.pooled([em[curve.seeded("epr@100-distill", s)] for s in seeds])
+    curve._attach_em(rows, em)
+    single, pooled_em = rows[3], rows[-1]
+    assert single["em"] == pooled_em["em"] == pytest.approx(100 * 17 / 40)
+    # one pair per example, not per example x seed: identical seeds carry no more evidence than one seed
+    assert single["p_vs_bm25"] == pytest.approx(curve.mcnemar_exact(7, 0))
+    assert pooled_em["p_vs_bm25"] == pytest.approx(single["p_vs_bm25"])
+    # seeds that disagree: an example counts for EPR only where the seeds' mean beats the reference
+    mixed = [{**ref, "correct": [i % 4 == 0 or i < m for i in idx]} for m in (10, 2, 2)]
+    p_mixed = curve.paired_p_seeds(curve.pooled(mixed), ref, 3)
+    assert p_mixed == pytest.approx(curve.mcnemar_exact(7, 0))  # 7 examples with mean > 0 = BM25's 0
+    assert curve.paired_p_seeds(curve.pooled(mixed), {**ref, "correct": [True] * n}, 3) == pytest.approx(
+        curve.mcnemar_exact(0, 29)  # all 3 seeds right on 11 examples (i % 4 == 0, and i = 1)
+    )
+    assert pooled_em["em_n"] == 3 * n and pooled_em["em_sd"] == 0.0
+
+    a = argparse.Namespace(split="locked")
+    curve._write(tmp_path, rows, a, 0.0)
+    out = json.loads((tmp_path / "curve.json").read_text())["rows"]
+    by = {(r["retriever"], r["seeds"], r["seed"]): r for r in out}
+    p = by[("epr", 3, None)]
+    for k in (
+        "retriever",
+        "loss",
+        "labels",
+        "n",
+        "em",
+        "p_vs_bm25",
+        "p_vs_sbert",
+        "gold_logprob",
+        "split",
+        "seeds",
+    ):
+        assert k in p
+    assert p["split"] == "locked"
+    # (row - BM25) / (LM-Oracle - BM25), per metric
+    assert p["oracle_gap_captured"]["gold_logprob"] == pytest.approx(
+        (p["gold_logprob"] - np.mean(bm25)) / (np.mean(oracle) - np.mean(bm25))
+    )
+    assert p["oracle_gap_captured"]["em"] == pytest.approx((100 * 17 / 40 - 25.0) / (100.0 - 25.0))
+    assert by[("bm25", 1, None)]["oracle_gap_captured"]["gold_logprob"] == 0.0
+    assert "| seeds |" in (tmp_path / "curve.md").read_text() and (tmp_path / "curve.png").exists()
+
+    curve.save_em(tmp_path / "rows", "bm25", ref)
+    with gzip.open(tmp_path / "rows" / "em-bm25.json.gz", "rt") as f:
+        assert json.load(f) == ref
+
+
+def test_seeded_names_keep_the_committed_runs(curve):
+    assert curve.seeded("mtop-curve/2000-distill", curve.BASE_SEED) == "mtop-curve/2000-distill"
+    assert curve.seeded("mtop-curve/2000-distill", 7) == "mtop-curve/2000-distill-s7"
