@@ -9,7 +9,8 @@ resident memory is its own), one after another:
 - ``lean``: ``epr.decode.LeanDecoder`` (``Generator(engine="lean")``);
 - ``serve``: ``epr serve`` (llama.cpp, the packaged Q4_1 GGUF) through ``ServerGenerator`` (optional).
 
-The limits, measured here in the same run: the dtype's matmul peak (a 2048^3 product) bounds the prefill (2 x body
+The limits, measured here in the same run: the dtype's matmul peak (the faster of a 2048^3 product and the LM's
+gate/up product on 4,096 rows as the model runs it) bounds the prefill (2 x body
 parameters x prompt tokens, plus attention); the memory bandwidth (a sum over 1 GiB) bounds each decoding step,
 which must read every weight once. ``fraction_of_limit`` = (prefill bound + decode bound) / measured seconds for the
 lean decoder. Resident memory is sampled after every chunk of prompts (flat = nothing grows with the prompt count).
@@ -128,6 +129,23 @@ def memory_gbps(gib: float = 1.0, reps: int = 5) -> float:
     return x.numel() * 4 / best / 1e9
 
 
+def linear_tflops(dt, k: int, n: int, m: int = 4096, reps: int = 5) -> float:
+    """The LM's largest prefill product (``m`` rows through the fused gate/up weight) as the model runs it
+    (``epr.cpu_linear.linear_fn``: oneDNN-packed in fp32)."""
+    import torch
+
+    from epr.cpu_linear import linear_fn
+
+    f = linear_fn(torch.randn(n, k).to(dt))
+    x = torch.randn(m, k).to(dt)
+    with torch.inference_mode():
+        f(x)
+        t = time.perf_counter()
+        for _ in range(reps):
+            f(x)
+    return 2 * m * k * n * reps / (time.perf_counter() - t) / 1e12
+
+
 def limits(dtype: str, stats: dict) -> dict:
     """Lower bounds on the lean decoder's time from the measured peak and bandwidth."""
     import torch
@@ -143,7 +161,7 @@ def limits(dtype: str, stats: dict) -> dict:
         p.numel() for n, p in model.named_parameters() if "embed_tokens" not in n and "lm_head" not in n
     )
     el = 2 if dt == torch.bfloat16 else 4
-    peak = matmul_tflops(dt) * 1e12
+    peak = max(matmul_tflops(dt), linear_tflops(dt, c.hidden_size, 2 * c.intermediate_size)) * 1e12
     bw = memory_gbps() * 1e9
     T = stats["prompt_tokens"] / max(stats["prompts"], 1)
     attn = (

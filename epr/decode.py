@@ -33,11 +33,6 @@ __all__ = ["LeanDecoder", "StopTable", "length_batches", "plain_greedy", "releas
 log = logging.getLogger(__name__)
 
 CACHE_TOKENS_PER_ROW = 512
-SHAPE_STEP = 32
-
-
-def _round_up(n: int, step: int = SHAPE_STEP) -> int:
-    return -(-n // step) * step
 
 
 def release_free_memory() -> None:
@@ -213,7 +208,7 @@ class LeanDecoder:
         out: list[list[int]] = [[] for _ in prompts]
         if self.max_new_tokens <= 0:
             return out
-        need = [_round_up(len(p)) + self.max_new_tokens for p in prompts]
+        need = [len(p) + self.max_new_tokens for p in prompts]
         for batch in length_batches(need, self.max_rows, self.cache_tokens):
             for i, ids in zip(batch, self._batch([prompts[i] for i in batch])):
                 out[i] = ids
@@ -230,9 +225,7 @@ class LeanDecoder:
         lens = torch.tensor([len(p) for p in prompts], dtype=torch.long, device=dev)
         if int(lens.min()) == 0:
             raise ValueError("an empty prompt (no tokens) cannot be continued")
-        P = _round_up(
-            int(lens.max())
-        )  # shapes from a small set: the allocator and oneDNN reuse what they hold
+        P = int(lens.max())
         dtype = fast.final_w.dtype
         cache = _Cache(len(fast.layers), B, fast.Hkv, P + self.max_new_tokens, fast.D, dtype, dev)
         cache.valid[:, :P] = torch.arange(P, device=dev)[None] < lens[:, None]
@@ -243,7 +236,7 @@ class LeanDecoder:
         nxt = torch.empty(B, dtype=torch.long, device=dev)
         for sl in length_batches([len(p) for p in prompts], B, self.max_tokens):
             lo, hi = min(sl), max(sl) + 1  # the group is sorted by length: a slice is a contiguous run
-            Ps = _round_up(int(lens[lo:hi].max()))  # right padding: the real tokens never attend to it
+            Ps = int(lens[lo:hi].max())
             ids = torch.full((hi - lo, Ps), self.tok.pad_token_id or 0, dtype=torch.long, device=dev)
             for r in range(lo, hi):
                 ids[r - lo, : len(prompts[r])] = torch.as_tensor(prompts[r], dtype=torch.long)

@@ -224,11 +224,7 @@ def test_a_generation_config_with_logits_processors_falls_back_to_hf(tiny_smol):
     assert Generator(model, tok, 8, 4, "\n").engine == "lean"
 
 
-def test_shapes_are_rounded_and_memory_is_given_back(tiny_smol):
-    from epr.decode import SHAPE_STEP, release_free_memory
+def test_freed_memory_is_given_back_without_error():
+    from epr.decode import release_free_memory
 
-    model, tok = tiny_smol
-    g = Generator(model, tok, 4, stop="\n", engine="lean")
-    g.generate(_prompts(10))
-    assert g.lean.stats["padded_prompt_tokens"] % SHAPE_STEP == 0
-    release_free_memory()  # a no-op where libc has no malloc_trim; never raises
+    release_free_memory()  # glibc's malloc_trim; a no-op elsewhere, never raises
