@@ -8,21 +8,31 @@ from pathlib import Path
 
 __all__ = ["machine", "describe"]
 
+ZEN = {("25", "17"): "Zen 4", ("25", "1"): "Zen 3", ("23", "49"): "Zen 2", ("23", "1"): "Zen 1"}
+
 
 def machine() -> dict:
     import torch
 
-    cpu = "unknown"
+    cpu, family, model = "unknown", None, None
     try:
         info = Path("/proc/cpuinfo").read_text()
-        cpu = next(
-            (ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("model name")), cpu
-        )
+
+        def field(name: str):
+            return next(
+                (ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.split(":")[0].strip() == name),
+                None,
+            )
+
+        cpu = field("model name") or cpu
+        family, model = field("cpu family"), field("model")
         amx, avx512bf16, avx512 = "amx_bf16" in info, "avx512_bf16" in info, "avx512f" in info
     except OSError:
         amx = avx512bf16 = avx512 = False
     return {
         "cpu": cpu,
+        "cpu_family": family,  # with "model": tells CPU generations apart where the name does not (AMD EPYC)
+        "cpu_model": model,
         "amx_bf16": amx,
         "avx512_bf16": avx512bf16,
         "avx512f": avx512,
@@ -45,4 +55,8 @@ def describe(m: dict) -> str:
         "AVX2",
     )
     gpu = f", GPU {m['gpu']}" if m.get("gpu") else ""
-    return f"{m['cpu']} ({simd}), {m['threads']} threads{gpu}, torch {m['torch']}, {m['date']}"
+    gen = ""
+    if m.get("cpu_family") is not None:
+        known = ZEN.get((str(m["cpu_family"]), str(m.get("cpu_model")))) if "AMD" in m["cpu"] else None
+        gen = f" [{known}]" if known else f" [family {m['cpu_family']} model {m.get('cpu_model')}]"
+    return f"{m['cpu']}{gen} ({simd}), {m['threads']} threads{gpu}, torch {m['torch']}, {m['date']}"
