@@ -126,6 +126,9 @@ def load_tqa(data_dir: str | None, version: str = "2021-10") -> list[dict]:
         )
     )
     for i, r in enumerate(rows, start=1):
+        # as lm-evaluation-harness's copy: the data files' question 247 ("... a tarot card showing Death? ") ends
+        # with a space that moved that question's log-likelihoods by up to 0.35 nats against lm-eval
+        r["question"] = r["question"].strip()
         if not r["incorrect_answers"]:
             raise InputError(f"{path}:{i}: question has no incorrect answers; DPO and MC need at least one")
     return rows
