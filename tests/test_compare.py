@@ -59,6 +59,11 @@ def predictions(ctx, name="bm25"):
     return [r["prediction"] for r in map(json.loads, (ctx.stage_dir("predict") / f"{name}.jsonl").open())]
 
 
+def gold_logprobs(ctx, name="bm25") -> np.ndarray:
+    rows = map(json.loads, (ctx.stage_dir("predict") / f"{name}.jsonl").open())
+    return np.array([r["gold_logprob"] for r in rows], dtype=float)
+
+
 def test_back_half_stages_and_what_each_setting_reruns(tmp_path, minilm_dir, tiny_lm_dir, counted):
     ctx = ctx_for(tmp_path, minilm_dir, tiny_lm_dir)
     ran = pipeline.run(ctx, until="compare")
@@ -87,6 +92,23 @@ def test_back_half_stages_and_what_each_setting_reruns(tmp_path, minilm_dir, tin
     assert pipeline.run(ctx3, until="compare") == ["predict", "evaluate"]
     assert counted["generate"] == 3 * n_eval
 
+    # RAGSys's lambda_d: re-ranking reruns and its rows follow the setting (a hard-coded value would not change
+    # them); the first-stage rows stay
+    def reranked(c):
+        return {
+            n: (c.stage_dir("rerank") / f"{n}.jsonl").read_text()
+            for n in NAMES.split(",")
+            if (c.stage_dir("rerank") / f"{n}.jsonl").exists()
+        }
+
+    before = reranked(ctx)
+    ctx_d = ctx_for(tmp_path, minilm_dir, tiny_lm_dir, "ragsys.lambda_d=0.1")
+    assert pipeline.run(ctx_d, until="rerank") == ["rerank"]
+    after = reranked(ctx_d)
+    assert set(before) == set(after) and any("+div" in n for n in after)
+    for n in after:
+        assert (after[n] != before[n]) == ("+div" in n), n
+
 
 def test_another_inference_lm_with_the_same_tokenizer_is_not_served_old_predictions(
     tmp_path, minilm_dir, tiny_lm_dir, counted
@@ -104,7 +126,7 @@ def test_another_inference_lm_with_the_same_tokenizer_is_not_served_old_predicti
 
     ctx = ctx_for(tmp_path, minilm_dir, tiny_lm_dir)
     pipeline.run(ctx, until="compare")
-    first, q_first = predictions(ctx), counted["quality"]
+    first, q_first, lp1 = predictions(ctx), counted["quality"], gold_logprobs(ctx)
     ctx2 = ctx_for(tmp_path, minilm_dir, tiny_lm_dir, f"models.inference_lm={other}")
     counted["generate"] = counted["quality"] = 0
     ran = pipeline.run(ctx2, until="compare")
@@ -116,6 +138,18 @@ def test_another_inference_lm_with_the_same_tokenizer_is_not_served_old_predicti
     ]  # the quality bias and the tokenizer are the LM's
     assert counted["generate"] == 3 * 4 and counted["quality"] == q_first
     assert predictions(ctx2) != first
+    # the gold log-probs are the other LM's too, not the first LM's served from a cache
+    from epr.models import load_lm
+    from epr.scoring import reference_score
+    from epr.stages.retrieve import eval_examples
+
+    lp2 = gold_logprobs(ctx2)  # (the same run folder: ctx's files now hold ctx2's outputs)
+    assert np.isfinite(lp2).all() and not np.allclose(lp1, lp2, atol=0.5)
+    m2, tok2 = load_lm(str(other), dtype=ctx2.cfg.models.dtype)
+    p = json.loads((ctx2.stage_dir("prompts") / "bm25.jsonl").open().readline())
+    ex = {e.idx: e for e in eval_examples(ctx2)}[p["idx"]]
+    ref = reference_score(m2, tok2, p["text"], ctx2.task.format_target(ex.output))
+    assert lp2[0] == pytest.approx(ref, rel=0.02) and abs(lp1[0] - ref) > 10 * abs(lp2[0] - ref)
 
 
 def test_the_resolved_dtype_is_part_of_the_prediction_key(tmp_path, minilm_dir, tiny_lm_dir):

@@ -153,6 +153,12 @@ def test_scores_fingerprint_records_the_resolved_dtype(tmp_path, tiny_task_files
     kbf = scoring_key(ctx.cfg)
     assert kbf["dtype"] == "bf16" and kbf["batch_tokens"] == 256
     assert pipeline.stage_fingerprint(ctx, "scores") != fp32
+    # the key names the model that is loaded: one resolution, both roads
+    m, _ = models.load_lm_for(ctx.cfg.models)
+    assert next(m.parameters()).dtype == torch.bfloat16
+    monkeypatch.setattr(models, "pick_dtype", lambda *a, **k: torch.float32)
+    m, _ = models.load_lm_for(ctx.cfg.models)
+    assert next(m.parameters()).dtype == torch.float32 and scoring_key(ctx.cfg)["dtype"] == "fp32"
     assert (
         scoring_key(make_ctx(tmp_path, tiny_task_files, tiny_lm_dir, "scoring.batch_tokens=4096").cfg) != kbf
     )

@@ -111,9 +111,8 @@ def test_real_loaders(task, n_pool, n_eval):
     if n_pool:
         assert (len(pool), len(ev)) == (n_pool, n_eval)
     elif task == "truthfulqa":  # every correct (q, a) pair, no question on both sides
-        assert (
-            len(pool) + len(ev) == 2839
-        )  # SPEC 3.4: 2,839 pairs (2,837 distinct) and {e.input for e in pool}.isdisjoint({e.input for e in ev})
+        assert len(pool) + len(ev) == 2839  # SPEC 3.4: 2,839 pairs (2,837 distinct)
+        assert {e.input for e in pool}.isdisjoint({e.input for e in ev}) and pool and ev
     else:  # SMCalFlow: 14,751 turns less the 1,255 flagged skip, split by dialogue
         assert len(pool) + len(ev) == 14751 - 1255 and len(t.report.skipped) == 1255
         assert {e.meta["dialogue_id"] for e in pool}.isdisjoint({e.meta["dialogue_id"] for e in ev})

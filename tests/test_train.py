@@ -12,7 +12,6 @@ import pytest
 
 from epr import pipeline
 from epr import train as train_mod
-from epr.artifacts import write_jsonl
 from epr.train_data import LabelRow, read_labels
 from epr.types import InputError
 
@@ -225,7 +224,16 @@ def test_bad_labels_are_clear_errors(tmp_path):
     with pytest.raises(InputError, match="0 negatives"):
         read_labels([{"qid": 1, "pos": [3], "neg": []}], 10, "x.jsonl")
     assert read_labels([{"qid": 1, "pos": [3], "neg": [4]}], 10) == [LabelRow(1, (3,), (4,))]
-    write_jsonl(tmp_path / "l.jsonl", [])
+    # the two candidate-score checks, and a bad query id, each name the row
+    ok = {"qid": 1, "pos": [3], "neg": [4]}
+    with pytest.raises(InputError, match=r"x.jsonl:2: 2 candidates but 1 candidate scores"):
+        read_labels([ok, {**ok, "cands": [3, 4], "cand_scores": [-1.0]}], 10, "x.jsonl")
+    with pytest.raises(InputError, match=r"x.jsonl:1: a candidate score is null"):
+        read_labels([{**ok, "cands": [3, 4], "cand_scores": [-1.0, None]}], 10, "x.jsonl")
+    with pytest.raises(InputError, match=r"x.jsonl:1: ids \[10\] are not in the pool"):
+        read_labels([{**ok, "qid": 10}], 10, "x.jsonl")
+    row = read_labels([{**ok, "cands": [3, 4], "cand_scores": [-1, -2.5]}], 10)[0]
+    assert row.cands == (3, 4) and row.cand_scores == (-1.0, -2.5)
 
 
 @pytest.mark.slow
