@@ -20,6 +20,7 @@ in bf16 they may differ where two tokens' logits are within rounding of each oth
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Sequence
 
@@ -27,6 +28,7 @@ import numpy as np
 import torch
 
 from epr.fastlm import FastLlama
+from epr.scoring import make_batches
 
 __all__ = ["LeanDecoder", "StopTable", "length_batches", "plain_greedy", "release_free_memory"]
 
@@ -35,15 +37,22 @@ log = logging.getLogger(__name__)
 CACHE_TOKENS_PER_ROW = 512
 
 
+@functools.cache
+def _libc():
+    import ctypes
+
+    try:
+        return ctypes.CDLL("libc.so.6")
+    except OSError:  # not glibc
+        return None
+
+
 def release_free_memory() -> None:
     """Give freed heap memory back to the system (glibc ``malloc_trim``): many differently sized prefill and
     cache tensors otherwise leave the process's resident size growing with the number of prompts."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc: nothing to do
-        pass
+    libc = _libc()
+    if libc is not None and hasattr(libc, "malloc_trim"):
+        libc.malloc_trim(0)
 
 
 def plain_greedy(model) -> list[str]:
@@ -107,19 +116,9 @@ class StopTable:
 
 def length_batches(lengths: Sequence[int], max_rows: int, max_tokens: int) -> list[list[int]]:
     """Positions grouped by length (shortest first): at most ``max_rows`` rows and ``rows x longest`` at most
-    ``max_tokens`` per batch (at least one row each)."""
-    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
-    batches: list[list[int]] = []
-    cur: list[int] = []
-    for i in order:
-        # sorted ascending: the newcomer is the longest
-        if cur and (len(cur) + 1 > max_rows or (len(cur) + 1) * lengths[i] > max_tokens):
-            batches.append(cur)
-            cur = []
-        cur.append(i)
-    if cur:
-        batches.append(cur)
-    return batches
+    ``max_tokens`` per batch (at least one row each). Within a length-sorted group every batch is a contiguous
+    run of positions, which ``LeanDecoder`` relies on."""
+    return make_batches(lengths, max_tokens, max_rows, longest_first=False)
 
 
 def cached_attention(q, k, v, mask, scale: float) -> torch.Tensor:
@@ -234,7 +233,7 @@ class LeanDecoder:
         st["prompt_tokens"] += int(lens.sum())
         # prefill in slices of at most max_tokens padded tokens, each into its rows of the group's cache
         nxt = torch.empty(B, dtype=torch.long, device=dev)
-        for sl in length_batches([len(p) for p in prompts], B, self.max_tokens):
+        for sl in length_batches(lens.tolist(), B, self.max_tokens):
             lo, hi = min(sl), max(sl) + 1  # the group is sorted by length: a slice is a contiguous run
             Ps = int(lens[lo:hi].max())
             ids = torch.full((hi - lo, Ps), self.tok.pad_token_id or 0, dtype=torch.long, device=dev)

@@ -68,7 +68,7 @@ class Generator:
         """Greedy continuations, cut at the first ``stop``."""
         if self.lean is None:
             return self.generate_hf(prompts)
-        ids = [self.tok(p)["input_ids"] for p in prompts]
+        ids = self.tok(list(prompts))["input_ids"] if prompts else []
         gen = self.lean.generate_ids(ids)
         return [self._cut(self.tok.decode(g, skip_special_tokens=True)) for g in gen]
 

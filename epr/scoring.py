@@ -32,15 +32,20 @@ class _Item:
     n_ctx: int
 
 
-def make_batches(lengths: Sequence[int], batch_tokens: int) -> list[list[int]]:
-    """Group positions, longest first, so that ``len(batch) * max_len <= batch_tokens`` (at least one each)."""
-    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+def make_batches(
+    lengths: Sequence[int], batch_tokens: int, max_rows: int | None = None, longest_first: bool = True
+) -> list[list[int]]:
+    """Group positions sorted by length (longest first, or shortest first) so that ``len(batch) * max_len <=
+    batch_tokens`` and ``len(batch) <= max_rows`` (at least one each). The one batch packer: the scorer packs
+    longest first, the lean decoder (``epr.decode``) shortest first."""
+    sign = -1 if longest_first else 1
+    order = sorted(range(len(lengths)), key=lambda i: (sign * lengths[i], i))
     batches: list[list[int]] = []
     cur: list[int] = []
     cur_max = 0
     for i in order:
         m = max(cur_max, lengths[i])
-        if cur and m * (len(cur) + 1) > batch_tokens:
+        if cur and (m * (len(cur) + 1) > batch_tokens or (max_rows is not None and len(cur) + 1 > max_rows)):
             batches.append(cur)
             cur, m = [], lengths[i]
         cur.append(i)

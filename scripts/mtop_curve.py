@@ -174,12 +174,16 @@ def pooled(es: list[dict]) -> dict:
     return {k: [x for e in es for x in e[k]] for k in ("idx", "correct", "prediction")}
 
 
-def paired_p(a: dict, b: dict) -> float:
-    if a["idx"] != b["idx"]:
+def paired_p(e: dict, ref: dict, k: int = 1) -> float:
+    """Exact sign test, one pair per example, of a row's correctness (with ``k`` seeds pooled: the seeds' mean
+    correctness) against a reference's; with one seed, the exact McNemar test. The seeds of an example are not
+    independent examples: pairing examples x seeds with a repeated reference would count each example k times."""
+    n = len(ref["correct"])
+    if len(e["correct"]) != k * n or any(e["idx"][s * n : (s + 1) * n] != ref["idx"] for s in range(k)):
         raise ValueError("paired test on different examples")
-    a_only = sum(x and not y for x, y in zip(a["correct"], b["correct"]))
-    b_only = sum(y and not x for x, y in zip(a["correct"], b["correct"]))
-    return mcnemar_exact(a_only, b_only)
+    mean = np.mean(np.reshape(np.asarray(e["correct"], dtype=float), (k, n)), axis=0)
+    r = np.asarray(ref["correct"], dtype=float)
+    return mcnemar_exact(int(np.sum(mean > r)), int(np.sum(mean < r)))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -307,18 +311,6 @@ def curve_ctx(a, n: int, loss: str, seed: int, *extra: str) -> Context:
     return ctx_for(a, seeded(f"mtop-curve/{n}-{loss}", seed), *settings)
 
 
-def paired_p_seeds(e: dict, ref: dict, k: int) -> float:
-    """Exact sign test, one pair per example, of the seeds' mean correctness against a reference's (with one seed,
-    the exact McNemar test). The seeds of an example are not independent examples: pairing examples x seeds with
-    a repeated reference would count each example k times."""
-    n = len(ref["correct"])
-    if len(e["correct"]) != k * n or any(e["idx"][s * n : (s + 1) * n] != ref["idx"] for s in range(k)):
-        raise ValueError("paired test on different examples")
-    mean = np.mean(np.reshape(np.asarray(e["correct"], dtype=float), (k, n)), axis=0)
-    r = np.asarray(ref["correct"], dtype=float)
-    return mcnemar_exact(int(np.sum(mean > r)), int(np.sum(mean < r)))
-
-
 def _add_pooled(rows: list[dict], n: int, loss: str, seeds: list[int]) -> None:
     """A row pooling the seeds of one curve point: mean and spread of the seeds' gold log-probs; per example the
     mean over seeds (the paired tests compare that with a reference on the same examples)."""
@@ -353,7 +345,7 @@ def _attach_em(rows: list[dict], em: dict[str, dict]) -> None:
             for b in ("bm25", "sbert"):
                 ref = em.get(b)
                 ok = ref is not None and key != b
-                row[f"p_vs_{b}"] = (paired_p(e, ref) if k == 1 else paired_p_seeds(e, ref, k)) if ok else None
+                row[f"p_vs_{b}"] = paired_p(e, ref, k) if ok else None
             if row["seeds"] > 1:
                 per_seed = [100.0 * float(np.mean(c)) for c in np.array_split(e["correct"], row["seeds"])]
                 row["em_seed_values"], row["em_sd"] = per_seed, float(np.std(per_seed, ddof=1))

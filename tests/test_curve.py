@@ -75,9 +75,9 @@ def test_pooled_rows_em_tests_gap_and_row_shape(curve, tmp_path):
     assert pooled_em["p_vs_bm25"] == pytest.approx(single["p_vs_bm25"])
     # seeds that disagree: an example counts for EPR only where the seeds' mean beats the reference
     mixed = [{**ref, "correct": [i % 4 == 0 or i < m for i in idx]} for m in (10, 2, 2)]
-    p_mixed = curve.paired_p_seeds(curve.pooled(mixed), ref, 3)
+    p_mixed = curve.paired_p(curve.pooled(mixed), ref, 3)
     assert p_mixed == pytest.approx(curve.mcnemar_exact(7, 0))  # 7 examples with mean > 0 = BM25's 0
-    assert curve.paired_p_seeds(curve.pooled(mixed), {**ref, "correct": [True] * n}, 3) == pytest.approx(
+    assert curve.paired_p(curve.pooled(mixed), {**ref, "correct": [True] * n}, 3) == pytest.approx(
         curve.mcnemar_exact(0, 29)  # all 3 seeds right on 11 examples (i % 4 == 0, and i = 1)
     )
     assert pooled_em["em_n"] == 3 * n and pooled_em["em_sd"] == 0.0
