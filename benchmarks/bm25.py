@@ -13,9 +13,9 @@ import time
 import numpy as np
 
 from benchmarks.common import machine, save
-from epr.bm25 import BM25Index
 from epr.config import DataConfig
-from epr.evaluation import seeded_subset
+from epr.reports.stats import seeded_subset
+from epr.retrieval.bm25 import BM25Index
 from epr.tasks import get_task
 
 

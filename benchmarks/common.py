@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from epr.machine import describe, machine  # noqa: F401  (re-exported for the benchmarks)
+from epr.reports.machine import describe, machine  # noqa: F401  (re-exported for the benchmarks)
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

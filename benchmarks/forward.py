@@ -1,4 +1,4 @@
-"""The scorer's backbone forward: the lean Llama forward (``epr.fastlm``) vs the transformers forward, one run.
+"""The scorer's backbone forward: the lean Llama forward (``epr.lm.fastlm``) vs the transformers forward, one run.
 
 Same weights, same batch of token ids (seeded), the dtype the pipeline picks (``auto``); each forward timed in two
 alternating rounds of ``--reps`` calls after a warm-up, and the faster round kept.
@@ -14,8 +14,8 @@ import time
 import torch
 
 from benchmarks.common import describe, machine, matmul_tflops, save
-from epr.fastlm import fast_backbone
-from epr.models import load_lm
+from epr.lm.fastlm import fast_backbone
+from epr.lm.models import load_lm
 
 
 def _time(f, ids: torch.Tensor, reps: int) -> float:
@@ -67,14 +67,14 @@ def main() -> None:
         "speedup": t_hf / t_fast,
         "max_abs_diff": diff,
     }
-    md = f"""# Backbone forward: lean (`epr.fastlm`) vs transformers (SmolLM2-135M, {dt})
+    md = f"""# Backbone forward: lean (`epr.lm.fastlm`) vs transformers (SmolLM2-135M, {dt})
 
 Machine: {describe(raw["machine"])}. Batch {a.batch} x {a.length} tokens, best of 2 rounds of {a.reps} calls.
 
 | forward | seconds / batch | tokens/s |
 |---|---|---|
 | transformers (`model.base_model`) | {t_hf:.3f} | {n / t_hf:.0f} |
-| lean (`epr.fastlm.FastLlama`) | {t_fast:.3f} | {n / t_fast:.0f} |
+| lean (`epr.lm.fastlm.FastLlama`) | {t_fast:.3f} | {n / t_fast:.0f} |
 
 **Speed-up: {raw["speedup"]:.2f}x**; final hidden states differ by at most {diff:.1e}.
 Matrix products on this CPU: fp32 {peak["fp32"]:.3f} TFLOP/s (2048^3), bf16 {peak["bf16_n512"]:.4f} TFLOP/s (512^3).

@@ -6,7 +6,7 @@ resident memory is its own), one after another:
 
 - ``hf``: ``transformers``' greedy ``generate`` (``Generator(engine="hf")``, the predict stage before the lean
   decoder), batches of ``--hf-batch`` (the MTOP config's ``generate.batch_size``);
-- ``lean``: ``epr.decode.LeanDecoder`` (``Generator(engine="lean")``);
+- ``lean``: ``epr.lm.decode.LeanDecoder`` (``Generator(engine="lean")``);
 - ``serve``: ``epr serve`` (llama.cpp, the packaged Q4_1 GGUF) through ``ServerGenerator`` (optional).
 
 The limits, measured here in the same run: the dtype's matmul peak (the faster of a 2048^3 product and the LM's
@@ -41,7 +41,7 @@ def mtop_prompts(n: int, data_dir: str) -> tuple[list[str], list[str]]:
     from epr.config import load_config
     from epr.context import Context
     from epr.pipeline import run_stage
-    from epr.retrievers import make_retriever
+    from epr.retrieval.retrievers import make_retriever
     from epr.stages.prompts import prompt_maker
     from epr.stages.retrieve import eval_examples
 
@@ -68,15 +68,15 @@ def worker(
 ) -> None:
     import torch
 
-    from epr.generate import Generator
-    from epr.models import load_lm
+    from epr.lm.generate import Generator
+    from epr.lm.models import load_lm
 
     prompts = json.loads(Path(prompts_file).read_text())[: limit or None]
     rec: dict = {"engine": engine, "dtype": dtype, "rss_mb_after_chunk": [], "chunk_seconds": []}
     chunk = 100
     if engine == "serve":
-        from epr.llamacpp_server import launch
-        from epr.served import OpenAIServer, ServerGenerator
+        from epr.lm.llamacpp_server import launch
+        from epr.lm.served import OpenAIServer, ServerGenerator
 
         with launch("smollm2", threads=torch.get_num_threads()) as url:
             server = OpenAIServer(url, concurrency=2)
@@ -131,10 +131,10 @@ def memory_gbps(gib: float = 1.0, reps: int = 5) -> float:
 
 def linear_tflops(dt, k: int, n: int, m: int = 4096, reps: int = 5) -> float:
     """The LM's largest prefill product (``m`` rows through the fused gate/up weight) as the model runs it
-    (``epr.cpu_linear.linear_fn``: oneDNN-packed in fp32)."""
+    (``epr.lm.cpu_linear.linear_fn``: oneDNN-packed in fp32)."""
     import torch
 
-    from epr.cpu_linear import linear_fn
+    from epr.lm.cpu_linear import linear_fn
 
     f = linear_fn(torch.randn(n, k).to(dt))
     x = torch.randn(m, k).to(dt)
@@ -151,7 +151,7 @@ def limits(dtype: str, stats: dict) -> dict:
     import torch
 
     from benchmarks.common import matmul_tflops
-    from epr.models import load_lm
+    from epr.lm.models import load_lm
 
     dt = torch.bfloat16 if dtype == "bf16" else torch.float32
     model, _ = load_lm("smollm2", dtype=dtype, pack="off")

@@ -14,7 +14,7 @@ import time
 import numpy as np
 
 from benchmarks.common import machine, save
-from epr.index import brute_force, build_index, search
+from epr.retrieval.index import brute_force, build_index, search
 from ragsys import mmr_select, mmr_select_reference
 
 

@@ -23,8 +23,8 @@ import numpy as np
 import torch
 
 from benchmarks.common import describe, machine, matmul_tflops, mtop_sequences, save
-from epr.models import load_lm
-from epr.scoring import LMScorer, reference_score
+from epr.lm.models import load_lm
+from epr.lm.scoring import LMScorer, reference_score
 
 
 def main() -> None:
@@ -44,7 +44,7 @@ def main() -> None:
     mbf, _ = load_lm("smollm2", dtype=a.dtype)
     dt = next(mbf.parameters()).dtype
     dname = "bf16" if dt == torch.bfloat16 else "fp32"
-    fast = LMScorer(mbf, tok, batch_tokens=a.batch_tokens)  # the lean forward (epr.fastlm)
+    fast = LMScorer(mbf, tok, batch_tokens=a.batch_tokens)  # the lean forward (epr.lm.fastlm)
     hf = LMScorer(mbf, tok, batch_tokens=a.batch_tokens, forward="hf")  # same batching, transformers forward
     pairs = fast.encode(ctxs, tgts)
     n_tok = sum(len(c) + len(t) for c, t in pairs)
@@ -140,7 +140,7 @@ pool x L={a.L} BM25-over-outputs candidates), {n_tok} tokens; {raw["distinct_dem
 | method | seconds | tokens/s | fraction of measured matmul peak |
 |---|---|---|---|
 | reference: 1 sequence at a time, fp32, full logits | {t_ref:.1f} | {raw["ref_tok_s"]:.0f} | {raw["ref_fraction_of_fp32_peak"]:.2f} of fp32 ({peak["fp32"]:.2f} TFLOP/s) |
-{hf_row}| batched: token-budget batches ({a.batch_tokens}), {dname}, answer-only head, lean forward (`epr.fastlm`) | {t_ours:.1f} | {raw["ours_tok_s"]:.0f} | {raw["ours_fraction_of_peak"]:.2f} of {dname} ({peak[dname]:.2f} TFLOP/s) |
+{hf_row}| batched: token-budget batches ({a.batch_tokens}), {dname}, answer-only head, lean forward (`epr.lm.fastlm`) | {t_ours:.1f} | {raw["ours_tok_s"]:.0f} | {raw["ours_fraction_of_peak"]:.2f} of {dname} ({peak[dname]:.2f} TFLOP/s) |
 | prefix-shared: the same, each demonstration's keys/values computed once (`score_prefixed`) | {t_pre:.1f} | {raw["prefix_tok_s"]:.0f} (sequence tokens) | |
 
 **Batched vs reference: {raw["speedup"]:.2f}x**{hf_note}. **Prefix-shared vs batched:

@@ -25,10 +25,10 @@ import numpy as np
 import torch
 
 from benchmarks.common import describe, machine, mtop_sequences, save
-from epr.llamacpp_server import launch
-from epr.models import load_lm
-from epr.scoring import LMScorer
-from epr.served import OpenAIServer, ServerScorer
+from epr.lm.llamacpp_server import launch
+from epr.lm.models import load_lm
+from epr.lm.scoring import LMScorer
+from epr.lm.served import OpenAIServer, ServerScorer
 
 
 def agreement(a: np.ndarray, b: np.ndarray, n_tgt: np.ndarray, L: int) -> dict:

@@ -23,8 +23,8 @@ def one(batch: int, chunk: int, steps: int, data_dir: str) -> dict:
     import torch
 
     from epr.config import DataConfig
-    from epr.encoder import DualEncoder
-    from epr.loss import contrastive_loss, grad_cache_backward
+    from epr.encoder.losses import contrastive_loss, grad_cache_backward
+    from epr.encoder.model import DualEncoder
     from epr.tasks import get_task
 
     task = get_task(DataConfig(task="mtop", data_dir=data_dir))

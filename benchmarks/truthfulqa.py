@@ -1,9 +1,13 @@
-"""TruthfulQA evaluation cost: shared-prefix scoring vs scoring every (context, question, answer) from scratch,
-and shared-prefix scoring with answers that are token prefixes of other answers folded into one row vs not.
+"""TruthfulQA evaluation cost: shared-prefix scoring (``LMScorer.score_after``) vs scoring every (context, question,
+answer) from scratch.
+
+(Until 2026-11-23 a second engine, ``epr.prefix_scoring``, also folded answers that are token prefixes of other
+answers into one row; the scorer now has one shared-prefix engine, and the committed results under
+``benchmarks/results/truthfulqa*`` that report folding come from the earlier engine.)
 
 One variant (``rel``: k = 6 cosine-nearest demonstrations, leave-one-out) on the same seeded questions, both ways in
 one run. Prefix sharing runs each question's prompt once and scores all its answers on the prompt's KV cache
-(``epr.prefix_scoring``); from scratch sends every prompt + answer sequence through the batched scorer
+(``LMScorer.score_prefixed``); from scratch sends every prompt + answer sequence through the batched scorer
 (``LMScorer``: length-sorted token-budget batches, answer-only head), i.e. our best path without sharing.
 
     python -m benchmarks.truthfulqa [--questions 20] [--data-dir ../shared/data] [--dtype fp32] [--tag NAME]
@@ -17,10 +21,9 @@ import time
 import numpy as np
 
 from benchmarks.common import describe, machine, save
-from epr.models import load_encoder, load_lm
-from epr.prefix_scoring import fold_prefixes, score_shared_prefix
-from epr.scoring import LMScorer
-from epr.truthfulqa import (
+from epr.lm.models import load_encoder, load_lm
+from epr.lm.scoring import LMScorer
+from epr.truthfulqa.sets import (
     answer_text,
     answers_of,
     build_sets,
@@ -56,21 +59,12 @@ def main() -> None:
 
     model, tok = load_lm("smollm2", dtype=a.dtype)
     scorer = LMScorer(model, tok, batch_tokens=a.batch_tokens)
-    score_shared_prefix(scorer, prompts[0], answers[0])  # warm-up
+    scorer.score_after(prompts[0], answers[0])  # warm-up
     scorer.score([prompts[0]] * 4, answers[0][:4])
 
     t = time.perf_counter()
-    unfolded = np.concatenate(
-        [score_shared_prefix(scorer, p, ans, fold=False) for p, ans in zip(prompts, answers)]
-    )
-    t_unfolded = time.perf_counter() - t
-    t = time.perf_counter()
-    shared = np.concatenate([score_shared_prefix(scorer, p, ans) for p, ans in zip(prompts, answers)])
+    shared = np.concatenate([scorer.score_after(p, ans) for p, ans in zip(prompts, answers)])
     t_shared = time.perf_counter() - t
-    rows_run = sum(
-        len(set(fold_prefixes([tok(x, add_special_tokens=False)["input_ids"] for x in ans])))
-        for ans in answers
-    )
     flat_ctx = [p for p, ans in zip(prompts, answers) for _ in ans]
     flat_tgt = [x for ans in answers for x in ans]
     t = time.perf_counter()
@@ -90,10 +84,6 @@ def main() -> None:
         "tokens_forwarded_shared": n_prompt + n_ans + len(flat_tgt),
         "tokens_forwarded_scratch": n_scratch,
         "seconds_shared": t_shared,
-        "seconds_shared_unfolded": t_unfolded,
-        "rows_folded": rows_run,
-        "fold_speedup": t_unfolded / t_shared,
-        "fold_max_abs_diff": float(np.abs(shared - unfolded).max()),
         "seconds_scratch": t_scratch,
         "speedup": t_scratch / t_shared,
         "max_abs_diff": float(diff.max()),
@@ -112,11 +102,9 @@ SmolLM2-135M-Instruct ({next(model.parameters()).dtype}), {len(subset)} seeded q
 | way | tokens through the LM | seconds | questions / s | 817 questions (extrapolated) |
 |---|---|---|---|---|
 | from scratch (batched scorer, every prompt + answer) | {n_scratch} | {t_scratch:.1f} | {len(subset) / t_scratch:.2f} | {t_scratch * 817 / len(subset) / 60:.1f} min |
-| shared prefix, every answer its own row ({len(flat_tgt)} rows) | {raw["tokens_forwarded_shared"]} | {t_unfolded:.1f} | {len(subset) / t_unfolded:.2f} | {t_unfolded * 817 / len(subset) / 60:.1f} min |
-| shared prefix, answers that are token prefixes of others folded ({rows_run} rows) | fewer: {rows_run} of {len(flat_tgt)} answer rows | {t_shared:.1f} | {len(subset) / t_shared:.2f} | {t_shared * 817 / len(subset) / 60:.1f} min |
+| shared prefix (`LMScorer.score_after`: the prompt once, every answer after its keys and values) | {raw["tokens_forwarded_shared"]} | {t_shared:.1f} | {len(subset) / t_shared:.2f} | {t_shared * 817 / len(subset) / 60:.1f} min |
 
-**Folding: {raw["fold_speedup"]:.2f}x** over the unfolded shared prefix, equal to {raw["fold_max_abs_diff"]:.1e} nats at
-most. **Shared prefix (folded) vs from scratch: {raw["speedup"]:.2f}x.** The two agree to {raw["max_abs_diff"]:.1e} nats at most per answer (mean
+**Shared prefix vs from scratch: {raw["speedup"]:.2f}x.** The two agree to {raw["max_abs_diff"]:.1e} nats at most per answer (mean
 {raw["mean_abs_diff"]:.1e}: float rounding differs between the two batch shapes).
 A whole variant needs this once per question; the empty-context scores (for DPO) once in all.
 """

@@ -1,6 +1,21 @@
-"""epr: learned prompt retrieval (EPR) for in-context learning, with RAGSys re-ranking."""
+"""epr: learned prompt retrieval (EPR) for in-context learning, with RAGSys re-ranking.
+
+Where things live (each package's docstring says what it owns):
+
+- ground: ``types`` (errors, records), ``config`` (typed settings), ``artifacts`` (atomic files, fingerprints),
+  ``context`` (a run: config + folders), ``pipeline`` (the stage graph and the cache rule);
+- library: ``lm/`` (models, label scoring, score cache, generation, servers), ``retrieval/`` (BM25, faiss,
+  retrievers, RAGSys, prompts), ``encoder/`` (dual encoder, losses, training loop), ``truthfulqa/``, ``reports/``
+  (statistics, tables, machine line), ``tasks/`` (each dataset's quirks);
+- orchestration: ``stages/`` (one module per pipeline stage);
+- faces: ``api`` (``PromptRetriever``), ``shipping`` (save / load / hub), ``cli``, ``inspect_cmd``, ``integrations/``.
+"""
 
 from __future__ import annotations
 
 __version__ = "0.1.0"
 __all__ = ["__version__"]
+
+from epr import _moved
+
+_moved.install()  # old module paths (epr.models, epr.train, ...) still import, with a DeprecationWarning

@@ -22,11 +22,11 @@ import numpy as np
 
 from epr.artifacts import fingerprint, read_jsonl, read_manifest
 from epr.config import DataConfig, RagsysConfig, RetrieveConfig, config_from_dict
-from epr.encoder import DualEncoder
-from epr.index import build_index, load_index, save_index, search
-from epr.prompts import build_prompt
+from epr.encoder.data import demo_text
+from epr.encoder.model import DualEncoder
+from epr.retrieval.index import build_index, load_index, save_index, search
+from epr.retrieval.prompt_budget import build_prompt
 from epr.tasks import get_task
-from epr.train_data import demo_text
 from epr.types import Example, UpstreamError
 
 __all__ = ["PromptRetriever", "RetrievalResult", "Selection"]
@@ -171,7 +171,14 @@ class PromptRetriever:
         as sentence-transformers loads them; ``revision`` and ``token`` go to the hub)."""
         from epr import shipping
 
-        return shipping.load(path, revision, token)
+        parts = shipping.load(path, revision, token)
+        r = cls(
+            parts.encoder, parts.pool, parts.task, parts.index, budget=Budget(**parts.budget), count=parts.count,
+            ragsys=parts.ragsys, quality=parts.quality,
+        )  # fmt: skip
+        # saved again (save_pretrained, push_to_hub), it keeps its model card and provenance
+        r.shipped = {"card": parts.card, "source": parts.source}
+        return r
 
     def push_to_hub(
         self,
@@ -190,7 +197,7 @@ class PromptRetriever:
         if self._count is None:
             from transformers import AutoTokenizer
 
-            from epr.models import resolve_lm
+            from epr.lm.models import resolve_lm
 
             tok = AutoTokenizer.from_pretrained(resolve_lm(self.budget.tokenizer))
             self._count = lambda s: len(tok(s, add_special_tokens=False)["input_ids"])

@@ -66,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
         parents=[common],
         help="the whole pipeline on the packaged demo set, ending in a comparison table",
     )
-    from epr import truthfulqa_cli
+    from epr.truthfulqa import cli as truthfulqa_cli
 
     truthfulqa_cli.add_parser(sub)
     sub.add_parser(
@@ -173,8 +173,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str]) -> int:
-    if argv[:1] == ["serve"]:  # its own options (epr/llamacpp_server.py)
-        from epr import llamacpp_server
+    if argv[:1] == ["serve"]:  # its own options (epr/lm/llamacpp_server.py)
+        from epr.lm import llamacpp_server
 
         llamacpp_server.main(argv[1:])
         return 0
@@ -187,7 +187,7 @@ def _main(argv: list[str]) -> int:
     from epr import pipeline
 
     if args.cmd == "truthfulqa":
-        from epr import truthfulqa_cli
+        from epr.truthfulqa import cli as truthfulqa_cli
 
         return truthfulqa_cli.run(args)
     ctx = context_from_args(args)

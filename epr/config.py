@@ -72,7 +72,7 @@ class CandidatesConfig:
 class ScoringConfig:
     batch_tokens: int = 4096  # padded tokens per forward pass
     chunk_size: int = 32  # training examples per resumable chunk
-    forward: str = "fast"  # fast (epr.fastlm, Llama-family) | hf (the transformers forward)
+    forward: str = "fast"  # fast (epr.lm.fastlm, Llama-family) | hf (the transformers forward)
     compile: bool = False  # torch.compile the forward (one-off compile of minutes; pays off on long runs)
     prefix_share: bool = (
         True  # each demonstration's key/value cache computed once for all its [x][y] suffixes
@@ -94,7 +94,7 @@ class TrainConfig:
     lr: float = 2e-5
     warmup_ratio: float = 0.1
     weight_decay: float = 0.0
-    loss: str = "epr"  # epr (the paper's) | listwise (UDR) | distill (LLM-R): epr/loss.py
+    loss: str = "epr"  # epr (the paper's) | listwise (UDR) | distill (LLM-R): epr/encoder/losses.py
     similarity: str = "dot"  # dot (EPR: raw inner product) | cosine (normalised embeddings / temperature)
     temperature: float | None = None  # divides the similarity; None: 1 for dot, 0.05 for cosine
     list_size: int = 8  # listwise / distill: scored candidates per instance per step (the best + a sample)
@@ -145,7 +145,7 @@ class GenerateConfig:
     max_new_tokens: int = 96
     batch_size: int = 8  # transformers' generate (engine hf, and models the lean decoder does not cover)
     chunk_size: int = 64  # prompts per resumable chunk
-    engine: str = "auto"  # auto: the lean decoder (epr/decode.py) where it covers the model, else hf
+    engine: str = "auto"  # auto: the lean decoder (epr/lm/decode.py) where it covers the model, else hf
     decode_rows: int = 64  # lean decoder: rows decoded together
     prefill_tokens: int = 8192  # lean decoder: padded prompt tokens per prefill slice
 
@@ -159,7 +159,7 @@ class RagsysConfig:
 
 @dataclass(frozen=True)
 class TruthfulQAConfig:
-    """The TruthfulQA stages (epr/stages/truthfulqa.py); k, lambda_d and lambda_b come from ``ragsys``, the LM from
+    """The TruthfulQA stages (epr/truthfulqa/stage.py); k, lambda_d and lambda_b come from ``ragsys``, the LM from
     ``models.lm`` / ``models.dtype``, the relevance encoder from ``models.encoder``, the files from ``data.data_dir``."""
 
     version: str = "2021-10"  # 2021-10 (SPEC 3.4) | v0 (the copy HF / lm-evaluation-harness use)
@@ -194,7 +194,7 @@ class TruthfulQAConfig:
 
 @dataclass(frozen=True)
 class ServerConfig:
-    """An LM behind an OpenAI-compatible server (vLLM, llama.cpp, a provider's API: ``epr/served.py``). With
+    """An LM behind an OpenAI-compatible server (vLLM, llama.cpp, a provider's API: ``epr/lm/served.py``). With
     ``base_url`` set, scoring, the quality bias, TruthfulQA and generation go to the server; the local tokenizer of
     ``models.lm`` / ``models.inference_lm`` (or ``tokenizer``) turns texts into the token ids that are sent, so the
     scored tokens are exactly those of the in-process scorer."""

@@ -7,8 +7,8 @@ import sys
 
 import numpy as np
 
-from epr.rerank import parse_retriever_name, rerank
-from epr.retrievers import DenseRetriever, make_retriever
+from epr.retrieval.ragsys import parse_retriever_name, rerank
+from epr.retrieval.retrievers import DenseRetriever, make_retriever
 from epr.types import Example
 
 

@@ -15,9 +15,10 @@ from pathlib import Path
 
 from epr.artifacts import cached_digest, fingerprint, remove_stale_temps, stage_state, write_manifest
 from epr.context import Context
-from epr.rerank import parse_retriever_name
+from epr.lm.factory import scoring_key
+from epr.retrieval.ragsys import parse_retriever_name
 from epr.stages import candidates, data, encoder, evaluate, labels, predict, prompts, rerank, retrieve, scores
-from epr.stages import truthfulqa as tqa
+from epr.truthfulqa import stage as tqa
 from epr.types import UpstreamError
 
 __all__ = ["Stage", "STAGES", "ALIASES", "stage_fingerprint", "status", "run_stage", "run"]
@@ -71,7 +72,7 @@ def _retrieve_keys(ctx: Context) -> dict:
     if "sbert" in firsts:
         keys["sbert"] = cfg.models.encoder
     if "lm-oracle" in firsts:
-        keys["lm_oracle"] = {"L": rc.oracle_candidates or cfg.candidates.L, **scores.scoring_key(cfg)}
+        keys["lm_oracle"] = {"L": rc.oracle_candidates or cfg.candidates.L, **scoring_key(cfg)}
     return keys
 
 
@@ -83,12 +84,12 @@ def _rerank_keys(ctx: Context) -> dict:
     if any("+" in n for n in names):
         keys["ragsys"] = {"lambda_d": cfg.ragsys.lambda_d, "lambda_b": cfg.ragsys.lambda_b}
     if any(parse_retriever_name(n)[2] for n in names):
-        keys["quality_lm"] = scores.scoring_key(cfg, inference=True)
+        keys["quality_lm"] = scoring_key(cfg, inference=True)
     return keys
 
 
 def _prompts_keys(ctx: Context) -> dict:
-    from epr.models import lm_name, model_identity
+    from epr.lm.factory import lm_name, model_identity
 
     rc = ctx.cfg.retrieve
     return {
@@ -100,18 +101,18 @@ def _prompts_keys(ctx: Context) -> dict:
 
 
 def _predict_keys(ctx: Context) -> dict:
-    from epr.models import lm_key
+    from epr.lm.factory import lm_key
 
     cfg = ctx.cfg
     return {
         "generate": cfg.section("generate"),
         "lm": lm_key(cfg, inference=True),
-        "gold_logprob": scores.scoring_key(cfg, inference=True),
+        "gold_logprob": scoring_key(cfg, inference=True),
     }
 
 
 def _scoring_keys(ctx: Context) -> dict:
-    return scores.scoring_key(ctx.cfg)
+    return scoring_key(ctx.cfg)
 
 
 def run_dr_bm25(ctx: Context, out: Path, fp: str) -> dict:

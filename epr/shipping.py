@@ -27,18 +27,21 @@ import os
 import secrets
 import shutil
 import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
 import numpy as np
 
 from epr.artifacts import apply_umask, atomic_write_text, dir_mode, read_jsonl, read_manifest, write_jsonl
 from epr.types import Example, InputError
 
-if TYPE_CHECKING:
-    from epr.api import PromptRetriever
+PromptRetriever = (
+    Any  # an ``epr.api.PromptRetriever`` (the API builds it from ``Shipped``; this module never imports it)
+)
 
-__all__ = ["FORMAT", "MANIFEST", "save", "load", "model_card", "check_destination", "verify"]
+__all__ = ["FORMAT", "MANIFEST", "Shipped", "save", "load", "model_card", "check_destination", "verify"]
 
 FORMAT = "epr-retriever/1"
 MANIFEST = "manifest.json"
@@ -176,8 +179,8 @@ def _write(r: PromptRetriever, tmp: Path, card: str | None, run: str | Path | No
     """Every file of the folder into ``tmp``, ``manifest.json`` last."""
     from transformers import AutoTokenizer
 
-    from epr.index import save_index
-    from epr.models import resolve_lm
+    from epr.lm.models import resolve_lm
+    from epr.retrieval.index import save_index
 
     r.encoder.save_pretrained(tmp / "encoder")
     write_jsonl(tmp / "pool.jsonl", [e.to_json() for e in r.pool])
@@ -265,13 +268,30 @@ def push_to_hub(
     return str(getattr(info, "commit_url", info))
 
 
-def load(path: str | Path, revision: str | None = None, token: str | None = None) -> PromptRetriever:
+@dataclass
+class Shipped:
+    """The parts of a shipped retriever, as :func:`load` reads them; ``PromptRetriever.from_pretrained`` builds the
+    retriever from them. ``budget``: the saved prompt rules (``prompt_budget``, ``answer_reserve``, ``max_demos``,
+    ``k``) with ``tokenizer`` pointing at the folder's copy."""
+
+    encoder: Any
+    pool: list
+    task: Any
+    index: Any
+    budget: dict
+    count: Callable[[str], int]
+    ragsys: dict
+    quality: np.ndarray | None
+    card: str
+    source: dict
+
+
+def load(path: str | Path, revision: str | None = None, token: str | None = None) -> Shipped:
     from transformers import AutoTokenizer
 
-    from epr.api import Budget, PromptRetriever
     from epr.config import DataConfig, config_from_dict
-    from epr.encoder import DualEncoder
-    from epr.index import load_index
+    from epr.encoder.model import DualEncoder
+    from epr.retrieval.index import load_index
     from epr.tasks import get_task
 
     path = resolve(path, revision, token)
@@ -294,15 +314,21 @@ def load(path: str | Path, revision: str | None = None, token: str | None = None
         raise InputError(f"{path}: index.faiss holds {index.ntotal} vectors for {len(pool)} pool rows")
     b = meta["budget"]
     tok = AutoTokenizer.from_pretrained(str(path / "tokenizer"))
-    budget = Budget(b["prompt_budget"], b["answer_reserve"], b["max_demos"], str(path / "tokenizer"), b["k"])
-    quality = np.load(path / "quality_bias.npy") if meta.get("quality_bias") else None
-    r = PromptRetriever(
-        DualEncoder.from_pretrained(str(path / "encoder")), pool, task, index, budget=budget,
-        count=lambda s: len(tok(s, add_special_tokens=False)["input_ids"]), ragsys=meta["ragsys"], quality=quality,
-    )  # fmt: skip
-    # saved again (save_pretrained, push_to_hub), it keeps its model card and provenance
-    r.shipped = {"card": (path / "README.md").read_text(encoding="utf-8"), "source": meta.get("source", {})}
-    return r
+    budget = {k: b[k] for k in ("prompt_budget", "answer_reserve", "max_demos", "k")} | {
+        "tokenizer": str(path / "tokenizer")
+    }
+    return Shipped(
+        encoder=DualEncoder.from_pretrained(str(path / "encoder")),
+        pool=pool,
+        task=task,
+        index=index,
+        budget=budget,
+        count=lambda s: len(tok(s, add_special_tokens=False)["input_ids"]),
+        ragsys=meta["ragsys"],
+        quality=np.load(path / "quality_bias.npy") if meta.get("quality_bias") else None,
+        card=(path / "README.md").read_text(encoding="utf-8"),
+        source=meta.get("source", {}),
+    )
 
 
 def model_card(meta: dict, run: dict) -> str:

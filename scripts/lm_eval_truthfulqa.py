@@ -3,7 +3,7 @@
 Runs lm-evaluation-harness (installed in a separate environment: ``--lm-eval``, the path of its ``lm_eval``
 executable) on the local TruthfulQA v0 file (its truthfulqa_mc1 / truthfulqa_mc2 tasks with the dataset pointed at
 ``../shared/data/truthfulqa/truthfulqa.v0.jsonl``; no hub needed) with the same de-quantised SmolLM2 weights in fp32,
-scores the same questions with our scorer (the Fix primer, ``epr.truthfulqa``), and writes the per-choice
+scores the same questions with our scorer (the Fix primer, ``epr.truthfulqa.sets``), and writes the per-choice
 log-likelihood differences and both tools' MC1 / MC2 to ``--out`` (``lm_eval_check.{md,json}``).
 
     python -m venv --system-site-packages /tmp/lm-eval && /tmp/lm-eval/bin/pip install "lm-eval==0.4.*"
@@ -70,10 +70,10 @@ def main() -> int:
     p.add_argument("--out", type=Path, default=ROOT / "results" / "truthfulqa" / "lm-eval")
     args = p.parse_args()
 
-    from epr import truthfulqa as tqa
-    from epr.machine import describe, machine
-    from epr.models import load_lm, resolve_lm
-    from epr.scoring import LMScorer
+    from epr.lm.models import load_lm, resolve_lm
+    from epr.lm.scoring import LMScorer
+    from epr.reports.machine import describe, machine
+    from epr.truthfulqa import sets as tqa
     from ragsys.metrics import question_metrics
 
     data = args.data_dir / "truthfulqa" / "truthfulqa.v0.jsonl"

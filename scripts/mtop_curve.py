@@ -37,7 +37,7 @@ from benchmarks.common import describe, machine  # noqa: E402
 from epr import pipeline  # noqa: E402
 from epr.config import load_config  # noqa: E402
 from epr.context import Context  # noqa: E402
-from epr.evaluation import mcnemar_exact  # noqa: E402
+from epr.reports.stats import mcnemar_exact  # noqa: E402
 
 log = logging.getLogger("mtop_curve")
 
@@ -70,12 +70,11 @@ class DenseMetric:
     """Gold log-prob (and DPO vs the empty context) of one retriever's prompts; the inference LM loaded once."""
 
     def __init__(self, ctx: Context):
-        from epr.models import load_lm_for
+        from epr.lm.factory import lm_spec, load, score_cache, scorer_for
         from epr.stages.predict import gold_logprob
         from epr.stages.retrieve import eval_examples
-        from epr.stages.scores import score_cache, scorer_for
 
-        self.model, self.tok = load_lm_for(ctx.cfg.models, inference=True)
+        self.model, self.tok = load(lm_spec(ctx.cfg, inference=True))
         self.scorer, self.cache = (
             scorer_for(ctx.cfg, self.model, self.tok),
             score_cache(ctx.cfg, inference=True),
@@ -87,7 +86,7 @@ class DenseMetric:
         )
 
     def __call__(self, ctx: Context, retriever: str) -> dict:
-        from epr.retrievers import make_retriever
+        from epr.retrieval.retrievers import make_retriever
         from epr.stages.evaluate import logprob_metrics
         from epr.stages.predict import gold_logprob
         from epr.stages.prompts import prompt_maker
@@ -113,7 +112,7 @@ def row_key(ctx: Context, retriever: str, fp: str, n: int) -> dict:
     tokenizer), the gold log-prob's scoring key (``models.inference_lm``: identity, dtype, forward) and ``n``."""
     import dataclasses
 
-    from epr.stages.scores import scoring_key
+    from epr.lm.factory import scoring_key
 
     cfg = ctx.cfg
     one = Context(

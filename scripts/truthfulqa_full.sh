@@ -17,4 +17,4 @@ for run in smollm2-fp32 smollm2-fp32-v0-fix gemma-bf16; do
        runs/tqa-$run/tqa_report/*.png runs/tqa-$run/tqa_report/*.html runs/tqa-$run/tqa_report/per_question.jsonl \
        "$OUT/$run/" 2>/dev/null || true
 done
-python -m epr.truthfulqa_findings "$OUT/smollm2-fp32" "$OUT/gemma-bf16" --out "$OUT/README.md"
+python -m epr.truthfulqa.findings "$OUT/smollm2-fp32" "$OUT/gemma-bf16" --out "$OUT/README.md"

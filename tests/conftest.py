@@ -16,7 +16,7 @@ SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 @pytest.fixture(scope="session")
 def minilm_dir() -> str:
-    from epr.models import resolve_encoder
+    from epr.lm.models import resolve_encoder
 
     return resolve_encoder("minilm")
 
@@ -54,7 +54,7 @@ def tiny_lm_dir(tmp_path_factory, minilm_dir) -> str:
 
 @pytest.fixture(scope="session")
 def tiny_lm(tiny_lm_dir):
-    from epr.models import load_lm
+    from epr.lm.models import load_lm
 
     return load_lm(tiny_lm_dir, dtype="fp32")
 

@@ -1,4 +1,4 @@
-"""Worker for tests/test_train.py::test_two_processes_give_the_one_process_gradient.
+"""Worker for tests/encoder/test_train.py::test_two_processes_give_the_one_process_gradient.
 
 Computes one training step's gradient (no optimizer step) of the dual encoder on 8 fixed instances of the packaged
 demo set: run plainly it takes all 8; under ``torchrun --nproc_per_node 2`` each process takes its 4 (rank 0 the
@@ -13,11 +13,11 @@ import sys
 import torch
 from accelerate import Accelerator
 
-from epr import train as train_epr
 from epr.config import DataConfig, TrainConfig
-from epr.encoder import DualEncoder
+from epr.encoder import train as train_epr
+from epr.encoder.data import LabelRow
+from epr.encoder.model import DualEncoder
 from epr.tasks import get_task
-from epr.train_data import LabelRow
 
 
 def main(out: str, loss: str, chunk: int, encoder: str) -> None:

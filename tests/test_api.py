@@ -9,7 +9,7 @@ import pytest
 from epr import pipeline
 from epr.api import PromptRetriever
 from epr.context import Context
-from epr.index import search
+from epr.retrieval.index import search
 
 from .test_own_data import own_config
 

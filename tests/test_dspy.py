@@ -3,7 +3,7 @@ for that call's input, as the LM sees them (the prompt's demonstration turns), s
 
 import asyncio
 
-from .extras import need
+from tests.extras import need
 
 dspy = need("dspy")
 

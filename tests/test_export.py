@@ -43,12 +43,12 @@ from epr import shipping
 from epr.api import PromptRetriever
 
 r = PromptRetriever.from_pretrained(sys.argv[1])
-import epr.index
+import epr.retrieval.index
 
 def killed(*a, **k):  # the process dies mid-write, after the encoder and the pool were written
     os.kill(os.getpid(), signal.SIGKILL)
 
-epr.index.save_index = killed
+epr.retrieval.index.save_index = killed
 shipping.save(r, sys.argv[2], overwrite=True)
 """
 
@@ -69,14 +69,14 @@ def test_killed_export_leaves_the_previous_one_intact(shipped, previous, tmp_pat
 
 
 def test_failed_export_leaves_the_previous_one_intact(shipped, previous, tmp_path, monkeypatch):
-    import epr.index
+    import epr.retrieval.index
 
     out, before = previous
 
     def broken(*a, **k):
         raise OSError(28, "No space left on device", str(out))
 
-    monkeypatch.setattr(epr.index, "save_index", broken)
+    monkeypatch.setattr(epr.retrieval.index, "save_index", broken)
     assert export(shipped[0], out, "--overwrite") == 2
     assert tree(out) == before
     assert not list(tmp_path.glob(".ret.*"))  # the half-written copy removed

@@ -4,7 +4,7 @@ retriever picks, RAGSys's lambdas pass through, add_example needs no retraining,
 import numpy as np
 import pytest
 
-from .extras import need
+from tests.extras import need
 
 need("langchain_core")
 
@@ -43,7 +43,7 @@ def test_ragsys_lambdas_pass_through(shipped):
     q = queries[0]
     emb = np.stack([r.index.reconstruct(i) for i in range(len(r.pool))])
     qe = r.encoder.encode([q], "query")[0]
-    from epr.index import search
+    from epr.retrieval.index import search
 
     order = search(r.index, qe[None], len(r.pool))[0][0]  # the shortlist: every demo, best first
     want = order[mmr_select(qe, emb[order], r.quality[order], 4, 0.3, 0.5)].tolist()

@@ -10,7 +10,7 @@ from epr.api import PromptRetriever
 from epr.cli import main
 from epr.config import load_config
 from epr.context import Context
-from epr.index import load_index
+from epr.retrieval.index import load_index
 
 
 def write_csv(path, rows, header=("question", "answer")):

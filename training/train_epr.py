@@ -1,6 +1,6 @@
 """Train the EPR dual encoder: the ``encoder`` stage of a run, for ``accelerate launch`` / ``torchrun``.
 
-The training itself is ``epr.train``; this script runs the stage (``epr.pipeline.run_stage``), so it writes
+The training itself is ``epr.encoder.train``; this script runs the stage (``epr.pipeline.run_stage``), so it writes
 the same ``runs/<name>/encoder/`` folder and manifest as ``epr run``. The upstream stages must be fresh
 (``epr run -c <config> --until labels``)::
 

@@ -25,7 +25,7 @@ from langchain_core.embeddings import Embeddings
 from langchain_core.example_selectors import BaseExampleSelector
 
 from epr.api import PromptRetriever, Selection
-from epr.train_data import demo_text
+from epr.encoder.data import demo_text
 from epr.types import Example
 
 __all__ = ["EPRExampleSelector", "EPREmbeddings"]

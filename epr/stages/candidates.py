@@ -12,8 +12,8 @@ import logging
 import numpy as np
 
 from epr.artifacts import write_jsonl
-from epr.bm25 import BM25Index
 from epr.context import Context
+from epr.retrieval.bm25 import BM25Index
 from epr.types import Example, Ranking
 
 log = logging.getLogger(__name__)

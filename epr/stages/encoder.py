@@ -1,4 +1,4 @@
-"""Stage ``encoder``: train the dual encoder on the run's labels (``epr.train``) in the pipeline's processes.
+"""Stage ``encoder``: train the dual encoder on the run's labels (``epr.encoder.train``) in the pipeline's processes.
 
 The stage is run by every process of a launch (``distributed``): ``accelerate launch training/train_epr.py -c
 <config>`` (or ``-m epr.cli``) trains it across processes or GPUs and writes the same folder and manifest. A
@@ -13,6 +13,13 @@ from epr.context import Context
 
 
 def run_encoder(ctx: Context, out: Path, fp: str) -> dict:
-    from epr.train import train
+    from epr.artifacts import read_jsonl
+    from epr.encoder.data import read_labels
+    from epr.encoder.train import TrainingData, train
 
-    return train(ctx, out, resume=True, fp=fp)
+    pool = ctx.examples("pool")
+    labels_file = ctx.stage_dir("labels") / "labels.jsonl"
+    labels = read_labels(list(read_jsonl(labels_file)), len(pool), str(labels_file))
+    cands = {r["qid"]: r["ids"] for r in read_jsonl(ctx.stage_dir("candidates") / "candidates.jsonl")}
+    data = TrainingData(pool=pool, task=ctx.task, labels=labels, candidates=cands)
+    return train(ctx.cfg, data, out, fp, resume=True, world=ctx.dist.world)

@@ -1,5 +1,5 @@
 """Stage ``evaluate``: the task's metrics for every retriever on the same examples, paired comparisons, and the
-report (``epr.report``): ``results.{md,csv,json}``, ``paired.{md,json}``, ``em.png``, ``report.html`` and
+report (``epr.reports.tables``): ``results.{md,csv,json}``, ``paired.{md,json}``, ``em.png``, ``report.html`` and
 ``per_query.jsonl`` (what each retriever chose and predicted for each example)."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import numpy as np
 
 from epr.artifacts import read_jsonl, write_jsonl
 from epr.context import Context
-from epr.evaluation import PAPER, mean_ci
-from epr.rerank import parse_retriever_name
-from epr.retrievers import ORACLES
+from epr.reports.stats import PAPER, mean_ci
+from epr.retrieval.ragsys import parse_retriever_name
+from epr.retrieval.retrievers import ORACLES
 from epr.stages.retrieve import eval_examples
 
 log = logging.getLogger(__name__)
@@ -73,7 +73,7 @@ def retriever_result(task, name: str, ev: list, prompts: list[dict], preds: list
 
 
 def run_evaluate(ctx: Context, out: Path, fp: str) -> dict:
-    from epr import report
+    from epr.reports import tables as report
 
     cfg, task, pool = ctx.cfg, ctx.task, ctx.examples("pool")
     ev = eval_examples(ctx)

@@ -12,7 +12,7 @@ import numpy as np
 
 from epr.artifacts import ChunkStore, read_jsonl, write_jsonl
 from epr.context import Context
-from epr.score_cache import cached_scores
+from epr.lm.score_cache import cached_scores
 from epr.stages.retrieve import eval_examples
 
 log = logging.getLogger(__name__)
@@ -24,31 +24,12 @@ def gold_logprob(scorer, cache, task, contexts: list[str], ev: list) -> np.ndarr
     return cached_scores(scorer, cache, list(contexts), [task.format_target(e.output) for e in ev], "gold")
 
 
-def inference_lm(cfg, stop: str):
-    """(generator, scorer) of the inference LM: in-process, or through the server of ``server.base_url``."""
-    if cfg.server.base_url:
-        from epr.served import generator_for_config, scorer_for_config
-
-        return generator_for_config(cfg, stop), scorer_for_config(cfg, inference=True)
-    from epr.generate import Generator
-    from epr.models import load_lm_for
-    from epr.stages.scores import scorer_for
-
-    model, tok = load_lm_for(cfg.models, inference=True)
-    g = cfg.generate
-    gen = Generator(
-        model, tok, g.max_new_tokens, g.batch_size, stop, g.engine, g.decode_rows, g.prefill_tokens
-    )
-    return gen, scorer_for(cfg, model, tok)
-
-
 def _num(v: float) -> float | None:
     return None if np.isnan(v) else float(v)
 
 
 def run_predict(ctx: Context, out: Path, fp: str) -> dict:
-    from epr.models import lm_key
-    from epr.stages.scores import score_cache
+    from epr.lm.factory import inference_lm, lm_key, score_cache
 
     cfg, task = ctx.cfg, ctx.task
     ev = eval_examples(ctx)

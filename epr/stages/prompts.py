@@ -7,14 +7,14 @@ from pathlib import Path
 
 from epr.artifacts import prune_outputs, read_jsonl, write_jsonl
 from epr.context import Context
-from epr.prompts import Prompt, build_prompt
+from epr.retrieval.prompt_budget import Prompt, build_prompt
 from epr.stages.retrieve import eval_examples
 
 
 def prompt_maker(ctx: Context, tok=None):
     """``make(example, ranked_ids) -> Prompt`` with the run's budget and the inference LM's tokenizer: the one way
     compare, ``epr inspect`` and the Python API turn a ranking into the prompt the LM sees."""
-    from epr.models import load_tokenizer_for
+    from epr.lm.models import load_tokenizer_for
 
     cfg, task, pool = ctx.cfg, ctx.task, ctx.examples("pool")
     tok = tok or load_tokenizer_for(cfg.models, inference=True)

@@ -15,7 +15,7 @@ import numpy as np
 
 from epr.artifacts import ChunkStore, load_npy, prune_outputs, read_jsonl, save_npy, write_jsonl
 from epr.context import Context
-from epr.rerank import parse_retriever_name, rerank
+from epr.retrieval.ragsys import parse_retriever_name, rerank
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +24,7 @@ def pool_quality(ctx: Context) -> np.ndarray:
     """``(len(pool),) float32`` quality bias of every pool demonstration under the inference LM (SPEC 3.2), in
     resumable chunks in the run root's cache (``.cache/quality/<key>``), shared with ``epr inspect``."""
     from epr.artifacts import fingerprint
-    from epr.stages.scores import build_scorer, scoring_key
+    from epr.lm.factory import build_scorer, scoring_key
 
     task, pool = ctx.task, ctx.examples("pool")
     key = {"what": "quality-bias", **scoring_key(ctx.cfg, inference=True)}
@@ -33,8 +33,8 @@ def pool_quality(ctx: Context) -> np.ndarray:
 
     def compute(items: list[list[str]]) -> list[float]:
         if not scorer:
-            scorer.append(build_scorer(ctx, inference=True))
-        from epr.rerank import mean_logprob
+            scorer.append(build_scorer(ctx.cfg, inference=True))
+        from epr.retrieval.ragsys import mean_logprob
 
         return mean_logprob(scorer[0], [c for c, _ in items], [t for _, t in items]).tolist()
 

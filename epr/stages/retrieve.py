@@ -13,8 +13,8 @@ from pathlib import Path
 
 from epr.artifacts import prune_outputs, save_npy, write_jsonl
 from epr.context import Context
-from epr.evaluation import eval_part, seeded_subset
-from epr.rerank import parse_retriever_name
+from epr.reports.stats import eval_part, seeded_subset
+from epr.retrieval.ragsys import parse_retriever_name
 from epr.types import ConfigError, Example
 
 log = logging.getLogger(__name__)
@@ -38,7 +38,7 @@ def first_stages(names) -> list[str]:
 
 
 def run_retrieve(ctx: Context, out: Path, fp: str) -> dict:
-    from epr.retrievers import DenseRetriever, make_retriever
+    from epr.retrieval.retrievers import DenseRetriever, make_retriever
 
     cfg = ctx.cfg
     pool, ev = ctx.examples("pool"), eval_examples(ctx)

@@ -18,68 +18,14 @@ from tqdm.auto import tqdm
 
 from epr.artifacts import ChunkStore, write_jsonl
 from epr.context import Context
-from epr.score_cache import ScoreCache
+from epr.lm.factory import build_scorer, device_for_rank, score_cache
+from epr.lm.score_cache import ScoreCache
 from epr.types import Example, Ranking
 
 if TYPE_CHECKING:
-    from epr.scoring import LMScorer
+    from epr.lm.scoring import LMScorer
 
 log = logging.getLogger(__name__)
-
-
-def build_scorer(ctx: Context, inference: bool = False) -> LMScorer:
-    """The scoring LM (or the inference LM) behind an :class:`LMScorer` with the run's scoring settings; each process
-    of a multi-GPU run on its own GPU. With ``server.base_url`` set, a ``epr.served.ServerScorer`` instead."""
-    from epr.models import default_device, load_lm_for
-
-    if ctx.cfg.server.base_url:
-        from epr.served import scorer_for_config
-
-        return scorer_for_config(ctx.cfg, inference)
-    device = default_device()
-    if ctx.dist.world > 1 and device == "cuda":
-        device = f"cuda:{ctx.dist.rank}"
-    model, tok = load_lm_for(ctx.cfg.models, inference=inference, device=device)
-    return scorer_for(ctx.cfg, model, tok)
-
-
-def scorer_for(cfg, model, tok) -> LMScorer:
-    from epr.scoring import LMScorer
-
-    sc = cfg.scoring
-    return LMScorer(
-        model,
-        tok,
-        batch_tokens=sc.batch_tokens,
-        forward=sc.forward,
-        compile=sc.compile,
-        prefix_share=sc.prefix_share,
-    )
-
-
-def score_cache(cfg, inference: bool = False) -> ScoreCache:
-    """The run root's shared score store for this computation (``scoring_key``): the scoring LM's, or the inference
-    LM's."""
-    return ScoreCache(Path(cfg.run_root) / ".cache" / "scores", scoring_key(cfg, inference))
-
-
-def scoring_key(cfg, inference: bool = False) -> dict:
-    """Everything that changes a score besides the texts: the stage fingerprint and the score cache use it.
-
-    The LM's identity, the dtype ``models.dtype`` resolves to on this machine (``auto`` is bf16 on one CPU and fp32
-    on another) and the device class (``epr.models.lm_identity``). In fp32 a score does not depend on the batch it
-    was computed in (beyond 1e-4 nats; tested); in bf16 it does (up to ~1 nat), so there the batch layout is part of
-    the key and a changed layout rescores."""
-    from epr.models import lm_key
-
-    sc = cfg.scoring
-    key = lm_key(cfg, inference)
-    if cfg.server.base_url:  # the server computes; our forward and batching settings do not enter
-        return key
-    key["forward"] = sc.forward
-    if key["dtype"] != "fp32":
-        key |= {"batch_tokens": sc.batch_tokens, "prefix_share": sc.prefix_share}
-    return key
 
 
 def score_chunk(
@@ -168,7 +114,7 @@ def run_scores(ctx: Context, out: Path, fp: str) -> dict:
     if todo:
         cache = score_cache(ctx.cfg)
         log.info("scores: %d scores in the shared cache %s", len(cache), cache.dir)
-        scorer = build_scorer(ctx)
+        scorer = build_scorer(ctx.cfg, device=device_for_rank(ctx.dist.rank, ctx.dist.world))
         n_seq = sum(len(r.ids) for c in todo for r in chunks[c])
         bar = tqdm(
             total=n_seq, desc=f"scoring [rank {ctx.dist.rank}]", unit="seq", disable=not ctx.dist.is_main

@@ -239,7 +239,7 @@ class Task:
         """Return (pool, eval) with ``idx`` = position in the split. Empty inputs/outputs are skipped,
         logged and counted in ``self.report`` (they cannot serve as demonstrations or be scored). The whole eval
         split: which part of it is compared (``data.eval_limit`` / ``data.eval_part``) is chosen downstream
-        (``epr.evaluation.eval_part``), so that training never depends on it."""
+        (``epr.reports.stats.eval_part``), so that training never depends on it."""
         pool_raw, eval_raw = self.raw_splits()
         pool = self._finalise(pool_raw, self.cfg.pool_limit)
         ev = self._finalise(eval_raw, None)

@@ -162,18 +162,18 @@ class TruthfulQA(Task):
             ]
         return split_pool_eval(rows, self.cfg.eval_size, self.cfg.split_seed, group=lambda r: r.input)
 
-    # the prompt formats of the RAGSys evaluation (epr.truthfulqa), so both judge the same prompts
+    # the prompt formats of the RAGSys evaluation (epr.truthfulqa.sets), so both judge the same prompts
     def format_demo(self, ex):
-        from epr.truthfulqa import demo_text
+        from epr.truthfulqa.sets import demo_text
 
         return demo_text(ex.input, ex.output)
 
     def format_query(self, x):
-        from epr.truthfulqa import query_text
+        from epr.truthfulqa.sets import query_text
 
         return query_text(x)
 
     def format_target(self, y):
-        from epr.truthfulqa import answer_text
+        from epr.truthfulqa.sets import answer_text
 
         return answer_text(y) + self.stop

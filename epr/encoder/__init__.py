@@ -1,0 +1,13 @@
+"""The dual encoder and how it learns from the LM's scores.
+
+- ``model``: ``DualEncoder`` (query and prompt towers, pooling, similarity);
+- ``losses``: the contrastive losses (epr, listwise, distill) as pure functions, and GradCache;
+- ``data``: training instances from labels, demonstration text; ``dev_metric``: recall / MRR on held-out labels;
+- ``train``: the training loop (accelerate, 1 or N processes); ``checkpoints``: resumable checkpoints.
+"""
+
+
+def __getattr__(name: str):  # the old module epr/encoder.py's names, deprecated
+    from epr._moved import old_attribute
+
+    return old_attribute("encoder", "model", name)

@@ -1,0 +1,225 @@
+"""The one LM factory: a run's ``models`` / ``scoring`` / ``server`` settings resolve once into an :class:`LMSpec`
+(name, identity, dtype, device, or the server); the model is loaded from that spec and every key that names what an
+LM computed (stage fingerprints, the score cache, generation chunks) is built from the same spec, so a key always
+names the model that computed.
+
+Importing this module, and building keys on a CPU machine, does not import torch (``epr status`` stays fast); torch
+is asked only where the answer depends on it (a visible NVIDIA device, loading a model).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = [
+    "LMSpec",
+    "lm_name",
+    "model_identity",
+    "default_device",
+    "resolve_dtype",
+    "lm_spec",
+    "lm_key",
+    "scoring_key",
+    "score_cache",
+    "load",
+    "scorer_for",
+    "build_scorer",
+    "inference_lm",
+    "device_for_rank",
+]
+
+DTYPES = ("auto", "bf16", "fp32")
+
+
+def lm_name(models, inference: bool = False) -> str:
+    """The scoring LM's name, or the inference LM's (``models.inference_lm``, defaulting to the scoring LM)."""
+    return (models.inference_lm or models.lm) if inference else models.lm
+
+
+def model_identity(name: str) -> dict:
+    """What names a model's weights: the name, and for a local folder also a digest of the full content of its
+    files (``files``), so a folder whose weights were replaced, even in place, is another model to every cache.
+    Each file is hashed once and remembered by path, size and modification time (``artifacts.cached_digest``)."""
+    from epr.artifacts import cached_digest
+
+    p = Path(name)
+    if not p.is_dir():
+        return {"lm": name}
+    h = hashlib.sha256()
+    for f in sorted(x for x in p.iterdir() if x.is_file()):
+        h.update(f.name.encode() + b"\0" + str(cached_digest(f, full=True)).encode() + b"\n")
+    return {"lm": name, "files": h.hexdigest()[:16]}
+
+
+def _nvidia_visible() -> bool:
+    return Path("/proc/driver/nvidia/gpus").exists() or Path("/dev/nvidia0").exists()
+
+
+def default_device() -> str:
+    """``cuda`` when a GPU is visible, else ``cpu``. Without an NVIDIA driver torch is not imported to find out."""
+    if "torch" not in sys.modules and not _nvidia_visible():
+        return "cpu"
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _cpu_has_bf16() -> bool:
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "amx_bf16" in flags or "avx512_bf16" in flags
+
+
+def resolve_dtype(dtype: str, device: str = "cpu") -> str:
+    """``models.dtype`` on this machine: ``bf16`` where the hardware runs it fast (CUDA with bf16, a CPU with
+    AMX / AVX512-BF16) under ``auto``, else ``fp32``; ``bf16`` / ``fp32`` as given."""
+    if dtype not in DTYPES:
+        from epr.types import ConfigError
+
+        raise ConfigError(f"models.dtype: {dtype!r} is not one of {', '.join(DTYPES)}")
+    if dtype != "auto":
+        return dtype
+    if str(device).startswith("cuda"):
+        import torch
+
+        return "bf16" if torch.cuda.is_bf16_supported() else "fp32"
+    return "bf16" if _cpu_has_bf16() else "fp32"
+
+
+@dataclass(frozen=True)
+class LMSpec:
+    """One LM of a run, resolved once. In-process: ``name`` (packaged name, hub id or folder), the resolved
+    ``dtype`` (``bf16`` | ``fp32``), ``device``, where converted models live and the linear packing. Served:
+    ``server`` holds the base URL, the served model and the tokenizer that makes the token ids."""
+
+    name: str
+    inference: bool
+    dtype: str | None
+    device: str | None
+    cache_dir: str | None = None
+    pack_linear: str = "auto"
+    server: dict | None = None
+
+    def key(self) -> dict:
+        """What names the LM's results: the model's identity (full weights for a folder), the dtype and the device
+        class; or the server, the served model's name and the local tokenizer's identity."""
+        if self.server is not None:
+            return {
+                "server": self.server["base_url"],
+                "served_model": self.server["model"] or "<the only model listed>",
+                "tokenizer": model_identity(self.server["tokenizer"]),
+            }
+        return {**model_identity(self.name), "dtype": self.dtype, "device": self.device.split(":")[0]}
+
+
+def lm_spec(cfg, inference: bool = False, device: str | None = None) -> LMSpec:
+    """The scoring LM (or, with ``inference``, the inference LM) of a run, resolved on this machine."""
+    name = lm_name(cfg.models, inference)
+    sc = cfg.server
+    if sc.base_url:
+        served = (sc.inference_model or sc.model) if inference else sc.model
+        server = {"base_url": sc.base_url.rstrip("/"), "model": served, "tokenizer": sc.tokenizer or name}
+        return LMSpec(name, inference, None, None, cfg.models.cache_dir, cfg.models.pack_linear, server)
+    device = device or default_device()
+    dtype = resolve_dtype(cfg.models.dtype, device)
+    return LMSpec(name, inference, dtype, device, cfg.models.cache_dir, cfg.models.pack_linear)
+
+
+def lm_key(cfg, inference: bool = False, device: str | None = None) -> dict:
+    """``lm_spec(...).key()``: what names the LM a run's scores and generations come from."""
+    return lm_spec(cfg, inference, device).key()
+
+
+def scoring_key(cfg, inference: bool = False) -> dict:
+    """Everything that changes a score besides the texts: the stage fingerprint and the score cache use it.
+
+    The LM's key (:meth:`LMSpec.key`) and the forward; in fp32 a score does not depend on the batch it was computed
+    in (beyond 1e-4 nats; tested), in bf16 it does (up to ~1 nat), so there the batch layout is part of the key and
+    a changed layout rescores. A served LM computes on the server: our forward and batching do not enter."""
+    sc = cfg.scoring
+    key = lm_key(cfg, inference)
+    if cfg.server.base_url:
+        return key
+    key["forward"] = sc.forward
+    if key["dtype"] != "fp32":
+        key |= {"batch_tokens": sc.batch_tokens, "prefix_share": sc.prefix_share}
+    return key
+
+
+def score_cache(cfg, inference: bool = False):
+    """The run root's shared score store for this computation (``scoring_key``): the scoring LM's, or the inference
+    LM's."""
+    from epr.lm.score_cache import ScoreCache
+
+    return ScoreCache(Path(cfg.run_root) / ".cache" / "scores", scoring_key(cfg, inference))
+
+
+def load(spec: LMSpec):
+    """(model, tokenizer) of an in-process spec; the loaded weights' dtype is checked against the spec's (the key's),
+    so a model never computes under another dtype's key."""
+    import torch
+
+    from epr.lm.models import load_lm
+
+    if spec.server is not None:
+        raise ValueError(
+            f"{spec.name}: served through {spec.server['base_url']}; there is no local model to load"
+        )
+    model, tok = load_lm(spec.name, spec.cache_dir, spec.dtype, spec.device, spec.pack_linear)
+    want = {"bf16": torch.bfloat16, "fp32": torch.float32}[spec.dtype]
+    got = next(model.parameters()).dtype
+    if got != want:
+        raise RuntimeError(f"{spec.name}: loaded in {got}, but its key says {spec.dtype}")
+    return model, tok
+
+
+def scorer_for(cfg, model, tok):
+    """An ``LMScorer`` over a loaded model with the run's ``scoring`` settings."""
+    from epr.lm.scoring import LMScorer
+
+    sc = cfg.scoring
+    return LMScorer(
+        model,
+        tok,
+        batch_tokens=sc.batch_tokens,
+        forward=sc.forward,
+        compile=sc.compile,
+        prefix_share=sc.prefix_share,
+    )
+
+
+def device_for_rank(rank: int, world: int) -> str:
+    """Each process of a multi-GPU run on its own GPU; otherwise :func:`default_device`."""
+    device = default_device()
+    return f"cuda:{rank}" if world > 1 and device == "cuda" else device
+
+
+def build_scorer(cfg, inference: bool = False, device: str | None = None):
+    """The scoring LM (or the inference LM) as a scorer: an ``LMScorer`` in-process, or with ``server.base_url`` set
+    a ``ServerScorer``."""
+    if cfg.server.base_url:
+        from epr.lm.served import scorer_for_config
+
+        return scorer_for_config(cfg, inference)
+    return scorer_for(cfg, *load(lm_spec(cfg, inference, device)))
+
+
+def inference_lm(cfg, stop: str):
+    """(generator, scorer) of the inference LM, sharing one loaded model: in-process, or through the server."""
+    if cfg.server.base_url:
+        from epr.lm.served import generator_for_config, scorer_for_config
+
+        return generator_for_config(cfg, stop), scorer_for_config(cfg, inference=True)
+    from epr.lm.generate import Generator
+
+    model, tok = load(lm_spec(cfg, inference=True))
+    g = cfg.generate
+    gen = Generator(
+        model, tok, g.max_new_tokens, g.batch_size, stop, g.engine, g.decode_rows, g.prefill_tokens
+    )
+    return gen, scorer_for(cfg, model, tok)

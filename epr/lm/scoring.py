@@ -1,0 +1,307 @@
+"""Log-probability of target tokens after a context, batched for throughput.
+
+``LMScorer.score(contexts, targets)`` returns ``sum_t log p(target_t | context, target_<t)`` for each pair.
+Pairs are tokenised separately (context with the tokenizer's special tokens, target without), sorted by
+length, packed into batches of at most ``batch_tokens`` padded tokens, right-padded, and only the hidden
+states that predict target tokens go through the LM head (the vocabulary projection dominates small LMs).
+Results do not depend on batch composition beyond float rounding.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+__all__ = ["LMScorer", "TokenScorer", "SequenceTooLong", "make_batches", "reference_score"]
+
+log = logging.getLogger(__name__)
+
+
+class SequenceTooLong(ValueError):
+    """A context + target longer than the model's context window."""
+
+
+@dataclass(frozen=True)
+class _Item:
+    pos: int
+    ids: list[int]
+    n_ctx: int
+
+
+def make_batches(
+    lengths: Sequence[int], batch_tokens: int, max_rows: int | None = None, longest_first: bool = True
+) -> list[list[int]]:
+    """Group positions sorted by length (longest first, or shortest first) so that ``len(batch) * max_len <=
+    batch_tokens`` and ``len(batch) <= max_rows`` (at least one each). The one batch packer: the scorer packs
+    longest first, the lean decoder (``epr.lm.decode``) shortest first."""
+    sign = -1 if longest_first else 1
+    order = sorted(range(len(lengths)), key=lambda i: (sign * lengths[i], i))
+    batches: list[list[int]] = []
+    cur: list[int] = []
+    cur_max = 0
+    for i in order:
+        m = max(cur_max, lengths[i])
+        if cur and (m * (len(cur) + 1) > batch_tokens or (max_rows is not None and len(cur) + 1 > max_rows)):
+            batches.append(cur)
+            cur, m = [], lengths[i]
+        cur.append(i)
+        cur_max = m
+    if cur:
+        batches.append(cur)
+    return batches
+
+
+class TokenScorer:
+    """What every scorer shares: the tokenisation of (context, target) pairs and the context-window check. Subclasses
+    implement ``score_ids(pairs)``; :class:`LMScorer` runs the LM in-process, ``epr.lm.served.ServerScorer`` asks an
+    OpenAI-compatible server. Both score the same token ids."""
+
+    tok = None
+    max_length: int = 2048
+    prefix_share: bool = False
+
+    def _start_token(self) -> int:
+        # a target needs a predecessor token: an empty context gets BOS (or EOS when there is none)
+        tok = self.tok
+        return tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
+
+    # -- tokenisation ---------------------------------------------------------------------------
+    def encode(self, contexts: Sequence[str], targets: Sequence[str]) -> list[tuple[list[int], list[int]]]:
+        if len(contexts) != len(targets):
+            raise ValueError(f"{len(contexts)} contexts but {len(targets)} targets")
+        ctx = self.tok(list(contexts), add_special_tokens=True)["input_ids"]
+        tgt = self.tok(list(targets), add_special_tokens=False)["input_ids"]
+        out = []
+        start = self._start_token()
+        for i, (c, t) in enumerate(zip(ctx, tgt)):
+            if not t:
+                raise ValueError(f"pair {i}: the target {targets[i]!r} has no tokens")
+            out.append((c or [start], t))
+        return out
+
+    def too_long(self, pairs: Sequence[tuple[list[int], list[int]]]) -> list[int]:
+        return [i for i, (c, t) in enumerate(pairs) if len(c) + len(t) > self.max_length]
+
+    def _check_fits(self, pairs: Sequence[tuple[list[int], list[int]]]) -> None:
+        long = self.too_long(pairs)
+        if long:
+            i = long[0]
+            raise SequenceTooLong(
+                f"{len(long)} sequence(s) exceed the model context of {self.max_length} tokens "
+                f"(first: pair {i}, {len(pairs[i][0])}+{len(pairs[i][1])} tokens)"
+            )
+
+    def score(self, contexts: Sequence[str], targets: Sequence[str]) -> np.ndarray:
+        """``(n,) float64`` summed log-probs of each target's tokens."""
+        return self.score_pairs(contexts, targets, self.encode(contexts, targets))
+
+    def score_pairs(
+        self, contexts: Sequence[str], targets: Sequence[str], pairs: Sequence[tuple[list[int], list[int]]]
+    ) -> np.ndarray:
+        """:meth:`score` where the caller has ``pairs = encode(contexts, targets)`` already (an in-process scorer
+        runs the ids, a server the texts)."""
+        return self.score_ids(pairs)
+
+    def score_ids(self, pairs: Sequence[tuple[list[int], list[int]]]) -> np.ndarray:
+        raise NotImplementedError
+
+    def score_after(self, prefix: str, targets: Sequence[str]) -> np.ndarray:
+        """Every target after one shared ``prefix`` (TruthfulQA's answers after a prompt); the in-process scorer
+        runs the prefix once (``LMScorer.score_prefixed``), a server shares it itself."""
+        return self.score([prefix] * len(targets), list(targets))
+
+    def score_prefixed(
+        self,
+        prefixes: Sequence[str],
+        contexts: Sequence[str],
+        targets: Sequence[str],
+        pairs: Sequence[tuple[list[int], list[int]]] | None = None,
+    ) -> np.ndarray:
+        """:meth:`score` for contexts that start with ``prefixes`` (a scorer that can share their work overrides
+        this)."""
+        return self.score_pairs(contexts, targets, self.encode(contexts, targets) if pairs is None else pairs)
+
+
+class LMScorer(TokenScorer):
+    """Score targets after contexts with a causal LM (any ``AutoModelForCausalLM``)."""
+
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        batch_tokens: int = 4096,
+        max_length: int | None = None,
+        forward: str = "fast",
+        compile: bool = False,
+        prefix_share: bool = False,
+    ):
+        if forward not in ("fast", "hf"):
+            raise ValueError(f"forward must be 'fast' or 'hf', not {forward!r}")
+        self.model = model
+        self.tok = tokenizer
+        self.batch_tokens = batch_tokens
+        self.prefix_share = prefix_share
+        self.max_length = max_length or getattr(model.config, "max_position_embeddings", 2048)
+        self.device = next(model.parameters()).device
+        self._start = self._start_token()
+        # the lean forward of epr.lm.fastlm where it reproduces the model, else the transformers forward
+        self.backbone = None
+        if forward == "fast":
+            from epr.lm.fastlm import fast_backbone
+
+            self.backbone = fast_backbone(model)
+        if self.backbone is None:
+            self.backbone = lambda ids: model.base_model(input_ids=ids).last_hidden_state
+        if compile:  # fuses the element-wise work; pays a one-off compile (minutes on 2 cores)
+            self.backbone = torch.compile(self.backbone, dynamic=True)
+
+    # -- scoring --------------------------------------------------------------------------------
+    def score_after(self, prefix: str, targets: Sequence[str]) -> np.ndarray:
+        """Every target after one shared ``prefix``: the prefix's keys and values are computed once
+        (:meth:`score_prefixed`, the one shared-prefix engine)."""
+        targets = list(targets)
+        return self.score_prefixed([prefix] * len(targets), [prefix] * len(targets), targets)
+
+    def score_ids(self, pairs: Sequence[tuple[list[int], list[int]]]) -> np.ndarray:
+        self._check_fits(pairs)
+        items = [_Item(i, c + t, len(c)) for i, (c, t) in enumerate(pairs)]
+        out = np.zeros(len(items), dtype=np.float64)
+        for batch in make_batches([len(it.ids) for it in items], self.batch_tokens):
+            sums = self._forward([items[j] for j in batch])
+            out[[items[j].pos for j in batch]] = sums
+        return out
+
+    @torch.inference_mode()
+    def score_prefixed(
+        self,
+        prefixes: Sequence[str],
+        contexts: Sequence[str],
+        targets: Sequence[str],
+        pairs: Sequence[tuple[list[int], list[int]]] | None = None,
+    ) -> np.ndarray:
+        """Like :meth:`TokenScorer.score` for ``contexts[i] = prefixes[i] + ...``, computing each distinct prefix's
+        key/value cache once for all the sequences that start with it (EPR's label scoring: a demonstration followed by
+        many ``[x][y]``). Token ids are exactly those of the plain scorer: a pair whose tokenisation does not start with
+        its prefix's tokens (a merge across the seam) is split after its first token instead; a prefix that is the whole
+        context is split before its last token (which predicts the first target token). Equal to the plain scorer
+        within float rounding (tested); needs the lean forward (else it scores plainly). ``pairs``: the token ids of
+        ``encode(contexts, targets)`` where the caller has them already."""
+        pairs = self.encode(contexts, targets) if pairs is None else pairs
+        self._check_fits(pairs)
+        from epr.lm.fastlm import FastLlama
+
+        if not isinstance(self.backbone, FastLlama):
+            return self.score_ids(pairs)
+        pre = self.tok(list(prefixes), add_special_tokens=True)["input_ids"]
+        groups: dict[tuple[int, ...], list[int]] = {}
+        plain: list[int] = []
+        for i, ((c, _t), p) in enumerate(zip(pairs, pre)):
+            n = min(len(p), len(c) - 1) if 0 < len(p) <= len(c) and c[: len(p)] == p else 1
+            if len(c) < 2:  # the first target token is predicted inside any prefix: no split
+                plain.append(i)
+                continue
+            groups.setdefault(tuple(c[:n]), []).append(i)
+        out = np.zeros(len(pairs), dtype=np.float64)
+        if plain:
+            out[plain] = self.score_ids([pairs[i] for i in plain])
+        keys = sorted(groups, key=lambda k: (len(k), k))
+        pad = self.tok.pad_token_id if self.tok.pad_token_id is not None else 0
+        dev = self.device
+        for gb in _prefix_batches(keys, self.batch_tokens):
+            P = max(len(keys[g]) for g in gb)
+            pids = torch.full((len(gb), P), pad, dtype=torch.long)
+            pmask = torch.zeros(len(gb), P, dtype=torch.bool)
+            for j, g in enumerate(gb):
+                pids[j, : len(keys[g])] = torch.tensor(keys[g])
+                pmask[j, : len(keys[g])] = True
+            kv = self.backbone.prefix_kv(pids.to(dev))
+            pmask = pmask.to(dev)
+            # the suffixes of these prefixes, length-sorted into token-budget batches
+            rows = [(j, i) for j, g in enumerate(gb) for i in groups[keys[g]]]
+            sfx = [pairs[i][0][len(keys[gb[j]]) :] + pairs[i][1] for j, i in rows]
+            for b in make_batches([len(x) + P for x in sfx], self.batch_tokens):
+                sel = torch.tensor([rows[r][0] for r in b], device=dev)
+                S = max(len(sfx[r]) for r in b)
+                ids = torch.full((len(b), S), pad, dtype=torch.long)
+                rr, cc, labels, seg = [], [], [], []
+                for bi, r in enumerate(b):
+                    j, i = rows[r]
+                    ids[bi, : len(sfx[r])] = torch.tensor(sfx[r])
+                    c, t = pairs[i]
+                    n0 = len(keys[gb[j]])  # prefix length: full position p is suffix index p - n0
+                    p = torch.arange(len(c) - 1, len(c) + len(t) - 1) - n0
+                    rr.append(torch.full_like(p, bi))
+                    cc.append(p)
+                    labels.append(torch.tensor(t))
+                    seg.append(torch.full_like(p, bi))
+                start = torch.tensor([len(keys[gb[rows[r][0]]]) for r in b])
+                past = [(k.index_select(0, sel), v.index_select(0, sel)) for k, v in kv]
+                hidden = self.backbone.forward_after(ids.to(dev), start.to(dev), past, pmask[sel])
+                out[[rows[r][1] for r in b]] = self._target_sums(hidden, rr, cc, labels, seg, len(b))
+        return out
+
+    @torch.inference_mode()
+    def _forward(self, items: list[_Item]) -> np.ndarray:
+        T = max(len(it.ids) for it in items)
+        pad = self.tok.pad_token_id if self.tok.pad_token_id is not None else 0
+        ids = torch.full((len(items), T), pad, dtype=torch.long)
+        rows, cols, labels, seg = [], [], [], []
+        for b, it in enumerate(items):
+            L = len(it.ids)
+            ids[b, :L] = torch.tensor(it.ids)
+            # position p predicts token p+1: target tokens sit at n_ctx..L-1
+            p = torch.arange(it.n_ctx - 1, L - 1)
+            rows.append(torch.full_like(p, b))
+            cols.append(p)
+            labels.append(torch.tensor(it.ids[it.n_ctx :]))
+            seg.append(torch.full_like(p, b))
+        # Right padding under a causal mask: real tokens never attend to the pads that follow them, so no
+        # padding mask is needed and attention takes its fast is_causal path.
+        hidden = self.backbone(ids.to(self.device))
+        return self._target_sums(hidden, rows, cols, labels, seg, len(items))
+
+    @torch.inference_mode()
+    def _target_sums(self, hidden, rows, cols, labels, seg, n: int) -> np.ndarray:
+        """Summed log-probs of the target tokens: the LM head only at the positions ``(rows, cols)`` of ``hidden``
+        that predict them, summed per sequence ``seg``."""
+        dev = self.device
+        h = hidden[torch.cat(rows).to(dev), torch.cat(cols).to(dev)]  # (n_target_tokens, H)
+        logits = self.model.get_output_embeddings()(h).float()
+        lp = torch.log_softmax(logits, dim=-1).gather(1, torch.cat(labels).to(dev)[:, None])[:, 0]
+        sums = torch.zeros(n, dtype=torch.float64, device=dev)
+        sums.index_add_(0, torch.cat(seg).to(dev), lp.double())
+        return sums.cpu().numpy()
+
+
+def _prefix_batches(groups: list[tuple[int, ...]], batch_tokens: int) -> list[list[int]]:
+    """Consecutive groups whose padded prefixes fit ``batch_tokens`` (at least one each)."""
+    out: list[list[int]] = []
+    cur: list[int] = []
+    m = 0
+    for g, p in enumerate(groups):
+        nm = max(m, len(p))
+        if cur and nm * (len(cur) + 1) > batch_tokens:
+            out.append(cur)
+            cur, nm = [], len(p)
+        cur.append(g)
+        m = nm
+    if cur:
+        out.append(cur)
+    return out
+
+
+@torch.inference_mode()
+def reference_score(model, tokenizer, context: str, target: str) -> float:
+    """The slow reference (EPR's original way): one sequence, full-vocabulary logits at every position."""
+    c = tokenizer(context, add_special_tokens=True)["input_ids"]
+    if not c:
+        c = [tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id]
+    t = tokenizer(target, add_special_tokens=False)["input_ids"]
+    ids = torch.tensor([c + t], device=next(model.parameters()).device)
+    logits = model(input_ids=ids).logits.float()[0]
+    lp = torch.log_softmax(logits[len(c) - 1 : -1], dim=-1)
+    return float(lp.gather(1, torch.tensor(t, device=lp.device)[:, None]).sum())

@@ -1,0 +1,203 @@
+"""Every retriever behind one protocol (``epr.types.Retriever``), so the comparison grid is a loop.
+
+Unsupervised: ``random``, ``bm25`` (over inputs), ``sbert`` (frozen encoder, cosine; KATE).
+Learned: ``epr`` (trained dual encoder, inner product over a faiss index); ``dr-bm25`` is the same class
+pointed at an encoder trained on BM25 labels (the pipeline's ``dr-bm25`` sub-run trains it). Every ``retrieve``
+returns :class:`epr.types.Hits` (ids and the retriever's scores). Oracles (they see the gold output; never a fair
+baseline):
+``bm25-oracle`` (BM25 over outputs with the gold y) and ``lm-oracle`` (those candidates re-ranked by the scoring LM's
+log p(y_test | e, x_test), the label-generation score applied to the test example).
+"""
+
+from __future__ import annotations
+
+import logging
+import zlib
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from epr.config import RETRIEVERS
+from epr.encoder.data import demo_text
+from epr.retrieval.bm25 import BM25Index
+from epr.retrieval.index import build_index, search
+from epr.types import Example, Hits, Retriever
+
+__all__ = [
+    "RandomRetriever",
+    "BM25Retriever",
+    "DenseRetriever",
+    "LMOracleRetriever",
+    "make_retriever",
+    "ORACLES",
+    "KNOWN",
+]
+
+ORACLES = {"bm25-oracle", "lm-oracle"}
+
+log = logging.getLogger(__name__)
+
+
+def _drop_excluded(ids: np.ndarray, scores: np.ndarray, exclude: np.ndarray | None, k: int) -> Hits:
+    """Rows of ``ids`` (over-fetched by one when ``exclude`` is given) without the excluded id and without faiss's
+    ``-1`` padding (IVF / HNSW indexes may return fewer than asked), cut to ``k``."""
+    n = min(k, ids.shape[1] - (exclude is not None))
+    out, sc = np.empty((ids.shape[0], n), dtype=np.int64), np.empty((ids.shape[0], n), dtype=np.float64)
+    for i, (row, srow) in enumerate(zip(ids, scores)):
+        keep = row >= 0
+        if exclude is not None:
+            keep &= row != exclude[i]
+        if keep.sum() < n:
+            raise ValueError(
+                f"the index returned {int(keep.sum())} ids for query {i}, fewer than k={n}: "
+                "use a Flat index or raise its nprobe / efSearch"
+            )
+        out[i], sc[i] = row[keep][:n], srow[keep][:n]
+    return Hits(out, sc)
+
+
+class RandomRetriever:
+    name, is_oracle = "random", False
+
+    def __init__(self, pool: Sequence[Example], seed: int = 0):
+        self.n, self.seed = len(pool), seed
+
+    def retrieve(self, queries, k, exclude=None):
+        out = np.empty((len(queries), min(k, self.n - 1)), dtype=np.int64)
+        for i, q in enumerate(queries):  # per-query draw from (seed, query idx): order-independent
+            key = q.idx if q.idx >= 0 else zlib.crc32(q.input.encode())  # an ad-hoc query: its text
+            perm = np.random.default_rng([self.seed, key]).permutation(self.n)
+            if exclude is not None:
+                perm = perm[perm != exclude[i]]
+            out[i] = perm[: out.shape[1]]
+        return Hits(out, np.zeros(out.shape))
+
+
+class BM25Retriever:
+    def __init__(
+        self, pool: Sequence[Example], view: str = "input", backend: str = "bm25s", oracle: bool = False
+    ):
+        self.view, self.is_oracle = view, oracle
+        self.name = "bm25-oracle" if oracle else "bm25"
+        self.index = BM25Index([e.output if view == "output" else e.input for e in pool], backend)
+
+    def retrieve(self, queries, k, exclude=None):
+        texts = [q.output if self.is_oracle else q.input for q in queries]
+        ids, sc = self.index.search(texts, k, exclude=exclude)
+        return Hits(ids, sc.astype(np.float64))
+
+
+class DenseRetriever:
+    """Query embeddings against a faiss inner-product index of demonstration embeddings."""
+
+    is_oracle = False
+
+    def __init__(self, name: str, pool_emb: np.ndarray, embed_queries, factory: str = "Flat"):
+        self.name = name
+        self.pool_emb = pool_emb
+        self.index = build_index(pool_emb, factory)
+        self.embed_queries = embed_queries
+
+    def query_embeddings(self, queries: Sequence[Example]) -> np.ndarray:
+        return self.embed_queries([q.input for q in queries])
+
+    def retrieve(self, queries, k, exclude=None):
+        ids, sc = search(self.index, self.query_embeddings(queries), k + (exclude is not None))
+        return _drop_excluded(ids, sc, exclude, k)
+
+
+class LMOracleRetriever:
+    """BM25-Oracle's top ``L`` candidates, re-ranked by the scoring LM with the gold output (ties by id).
+
+    ``L`` is ``retrieve.oracle_candidates`` (default: ``candidates.L``, the label set's L, so LM-Oracle is what the
+    labels could teach). Costs ``L`` scored sequences per query, like label generation, scored in chunks with a
+    progress bar and reusing the run root's score cache (the same sequences as labels); returns ``min(k, L)`` ids."""
+
+    name, is_oracle = "lm-oracle", True
+
+    def __init__(
+        self,
+        pool: Sequence[Example],
+        task,
+        scorer,
+        L: int = 50,
+        backend: str = "bm25s",
+        cache=None,
+        chunk: int = 32,
+    ):
+        self.pool, self.task, self.scorer, self.L = pool, task, scorer, L
+        self.cache, self.chunk = cache, chunk
+        self.first = BM25Retriever(pool, "output", backend, oracle=True)
+
+    def _scores(self, ctx: list[str], tgt: list[str]) -> np.ndarray:
+        from epr.lm.score_cache import cached_scores
+
+        s = cached_scores(self.scorer, self.cache, ctx, tgt, "lm-oracle")
+        return np.where(np.isnan(s), -np.inf, s)  # a candidate too long for the LM's context ranks last
+
+    def retrieve(self, queries, k, exclude=None):
+        from tqdm.auto import tqdm
+
+        cand = self.first.retrieve(queries, self.L, exclude).ids
+        t = self.task
+        out = np.empty((len(queries), min(k, cand.shape[1])), dtype=cand.dtype)
+        out_sc = np.empty(out.shape, dtype=np.float64)
+        bar = tqdm(total=len(queries), desc=f"lm-oracle (L={self.L})", unit="query")
+        for s0 in range(0, len(queries), self.chunk):
+            qs, cs = queries[s0 : s0 + self.chunk], cand[s0 : s0 + self.chunk]
+            ctx = [
+                t.format_demo(self.pool[c]) + t.format_query(q.input) for q, row in zip(qs, cs) for c in row
+            ]
+            tgt = [t.format_target(q.output) for q, row in zip(qs, cs) for _ in row]
+            sc = self._scores(ctx, tgt).reshape(cs.shape)
+            order = np.lexsort((cs, -sc), axis=1)[:, :k]  # best score first, ties by id
+            out[s0 : s0 + len(qs)] = np.take_along_axis(cs, order, axis=1)
+            out_sc[s0 : s0 + len(qs)] = np.take_along_axis(sc, order, axis=1)
+            bar.update(len(qs))
+        bar.close()
+        return Hits(out, out_sc)
+
+
+KNOWN = RETRIEVERS  # the names a config may use
+
+
+def make_retriever(
+    name: str, pool: Sequence[Example], task, cfg, encoder: str | None = None, loaded: dict | None = None
+) -> Retriever:
+    """Build a retriever by name. ``encoder``: the trained dual encoder's folder (``epr``, ``dr-bm25``); the
+    pipeline says which. ``loaded`` caches loaded models (encoders, the scoring LM) between retrievers."""
+    from epr.lm.models import load_encoder
+
+    loaded = {} if loaded is None else loaded
+    if name == "random":
+        return RandomRetriever(pool, cfg.seed)
+    if name == "bm25":
+        return BM25Retriever(pool, "input", cfg.candidates.backend)
+    if name == "bm25-oracle":
+        return BM25Retriever(pool, "output", cfg.candidates.backend, oracle=True)
+    if name == "lm-oracle":
+        from epr.lm.factory import build_scorer, score_cache
+
+        if "lm" not in loaded:
+            loaded["lm"] = build_scorer(cfg)
+        L = cfg.retrieve.oracle_candidates or cfg.candidates.L
+        return LMOracleRetriever(pool, task, loaded["lm"], L, cfg.candidates.backend, cache=score_cache(cfg))
+    if name == "sbert":
+        st = loaded.setdefault("sbert", load_encoder(cfg.models.encoder, cfg.models.cache_dir))
+
+        def enc(texts):
+            return st.encode(list(texts), batch_size=128, normalize_embeddings=True, convert_to_numpy=True)
+
+        return DenseRetriever("sbert", enc([e.input for e in pool]), enc, cfg.retrieve.index_factory)
+    if name in ("epr", "dr-bm25"):
+        from epr.encoder.model import DualEncoder
+
+        if encoder is None or not Path(encoder).exists():
+            raise FileNotFoundError(f"retriever {name}: no trained encoder at {encoder}; run training first")
+        de = loaded.setdefault(str(encoder), DualEncoder.from_pretrained(str(encoder)))
+        pool_emb = de.encode([demo_text(task, e) for e in pool], "prompt", progress=True)
+        return DenseRetriever(
+            name, pool_emb, lambda texts: de.encode(list(texts), "query"), cfg.retrieve.index_factory
+        )
+    raise ValueError(f"unknown retriever {name!r}; known: {', '.join(KNOWN)}")

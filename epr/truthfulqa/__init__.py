@@ -1,0 +1,12 @@
+"""TruthfulQA with RAGSys demonstrations (SPEC 3.3-3.5).
+
+- ``sets``: D_MC / D_ICL / D_DPO, prompt formats, the LM quality bias, context selection;
+- ``stats``: paired intervals and verdicts; ``findings``: the paper's three findings across LMs;
+- ``stage``: the pipeline's TruthfulQA stages; ``report``: their tables; ``cli``: ``epr truthfulqa``.
+"""
+
+
+def __getattr__(name: str):  # the old module epr/truthfulqa.py's names, deprecated
+    from epr._moved import old_attribute
+
+    return old_attribute("truthfulqa", "sets", name)

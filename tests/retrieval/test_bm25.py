@@ -1,0 +1,54 @@
+import numpy as np
+import pytest
+
+from epr.retrieval.bm25 import BM25Index, tokenize
+
+CORPUS = [
+    "[IN:GET_WEATHER [SL:LOCATION Paris ] ]",
+    "[IN:GET_WEATHER [SL:LOCATION Boston ] [SL:DATE_TIME tomorrow ] ]",
+    "[IN:CREATE_ALARM [SL:DATE_TIME 7 am ] ]",
+    "[IN:CREATE_ALARM [SL:DATE_TIME 7 am ] ]",  # an exact duplicate with another id
+    "[IN:CREATE_CALL [SL:CONTACT Alice ] ]",
+    "[IN:SEND_MESSAGE [SL:RECIPIENT Alice ] [SL:CONTENT_EXACT hello ] ]",
+    "[IN:PLAY_MUSIC [SL:MUSIC_GENRE jazz ] ]",
+    "",
+]
+
+
+def test_tokenize_splits_identifiers():
+    assert tokenize("[IN:GET_WEATHER [SL:LOCATION Paris ] ]") == [
+        "in",
+        "get_weather",
+        "sl",
+        "location",
+        "paris",
+    ]
+
+
+@pytest.mark.parametrize("query", CORPUS[:7] + ["alice alice weather", "no such words"])
+def test_fast_backend_matches_rank_bm25(query):
+    ref, fast = BM25Index(CORPUS, "rank_bm25"), BM25Index(CORPUS, "bm25s")
+    np.testing.assert_allclose(fast.scores(query), ref.scores(query), rtol=1e-5, atol=1e-6)
+    ids_r, sc_r = ref.search([query], 5)
+    ids_f, sc_f = fast.search([query], 5)
+    np.testing.assert_array_equal(ids_r, ids_f)
+    np.testing.assert_allclose(sc_f, sc_r, rtol=1e-5, atol=1e-6)  # the scores returned with the ids agree too
+
+
+def test_self_excluded_by_id_but_duplicate_kept():
+    idx = BM25Index(CORPUS, "bm25s")
+    ids, _ = idx.search([CORPUS[2], CORPUS[3]], k=3, exclude=np.array([2, 3]))
+    assert 2 not in ids[0] and ids[0][0] == 3  # the twin with another id is a fair candidate
+    assert 3 not in ids[1] and ids[1][0] == 2
+
+
+def test_ties_broken_by_id_and_k_capped():
+    idx = BM25Index(["a b", "a b", "a b", "c"], "rank_bm25")
+    ids, scores = idx.search(["a"], k=10, exclude=np.array([1]))
+    assert ids[0].tolist()[:2] == [0, 2] and ids.shape == (1, 3)
+    assert scores[0, 0] == scores[0, 1]
+
+
+def test_empty_corpus_is_an_error():
+    with pytest.raises(ValueError, match="empty corpus"):
+        BM25Index([], "bm25s")

@@ -1,0 +1,130 @@
+import numpy as np
+import pytest
+
+from epr.config import DataConfig, load_config
+from epr.reports.stats import mean_ci
+from epr.retrieval.index import brute_force, build_index, search
+from epr.retrieval.prompt_budget import build_prompt
+from epr.retrieval.retrievers import KNOWN, make_retriever
+from epr.tasks import get_task
+from epr.types import Hits, Retriever
+
+
+@pytest.mark.parametrize("factory", ["Flat", "HNSW16"])
+def test_faiss_equals_brute_force(factory):
+    rng = np.random.default_rng(0)
+    emb = rng.normal(size=(500, 16)).astype(np.float32)
+    emb[7] = emb[3]  # an exact tie
+    q = rng.normal(size=(40, 16)).astype(np.float32)
+    ids, sc = search(build_index(emb, factory), q, 10, block=16)
+    ref_ids, ref_sc = brute_force(emb, q, 10)
+    if factory == "Flat":  # exact: same scores and the same ids, except where scores tie
+        np.testing.assert_allclose(sc, ref_sc, rtol=1e-4, atol=1e-4)
+        _, ref11 = brute_force(emb, q, 11)  # the 11th score: is rank 10 apart from what is left out?
+        compared = 0
+        for a, b, r in zip(ids, ref_ids, ref11):
+            gaps = np.abs(np.diff(r)) > 1e-4  # gaps[j]: rank j's score apart from rank j + 1's
+            for j in range(10):
+                if (j == 0 or gaps[j - 1]) and gaps[j]:  # untied: the one id that belongs there
+                    assert a[j] == b[j], (j, a, b)
+                    compared += 1
+        assert compared > 300  # most ranks are compared: the check is not vacuous
+    else:  # approximate: high recall of the exact top-10
+        assert np.mean([len(set(a) & set(b)) / 10 for a, b in zip(ids, ref_ids)]) >= 0.8
+
+
+def test_empty_pool_is_an_error():
+    with pytest.raises(ValueError, match="pool is empty"):
+        build_index(np.zeros((0, 4), dtype=np.float32))
+
+
+@pytest.fixture(scope="module")
+def demo():
+    task = get_task(DataConfig(task="demo"))
+    pool, ev = task.load()
+    return task, pool[:120], ev[:10]
+
+
+NAMES = ("random", "bm25", "sbert", "epr", "dr-bm25", "bm25-oracle", "lm-oracle")
+
+
+@pytest.fixture(scope="module")
+def all_retrievers(demo, tmp_path_factory, minilm_dir, tiny_lm_dir):
+    from epr.encoder.model import DualEncoder
+
+    task, pool, _ = demo
+    enc = tmp_path_factory.mktemp("run") / "model"
+    DualEncoder.from_pretrained(minilm_dir).save_pretrained(enc)  # an untrained dual encoder
+    cfg = load_config([], [f"models.encoder={minilm_dir}", f"models.lm={tiny_lm_dir}", "candidates.L=12"])
+    loaded: dict = {}
+    return {
+        n: make_retriever(n, pool, task, cfg, enc if n in ("epr", "dr-bm25") else None, loaded) for n in NAMES
+    }
+
+
+def test_every_known_retriever_is_in_the_contract_test():
+    assert set(NAMES) == set(KNOWN)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_retriever_contract(demo, all_retrievers, name):
+    """Every retriever: the protocol, k distinct ids best first with their scores, never the excluded id,
+    at most what the pool holds, deterministic."""
+    task, pool, _ = demo
+    r = all_retrievers[name]
+    assert isinstance(r, Retriever) and r.name == name and r.is_oracle == name.endswith("-oracle")
+    queries = pool[:15]
+    exclude = np.array([q.idx for q in queries])
+    h = r.retrieve(queries, 8, exclude=exclude)
+    assert isinstance(h, Hits) and h.ids.shape == h.scores.shape == (15, 8) and h.ids.dtype == np.int64
+    for row, sc, q in zip(h.ids, h.scores, queries):
+        assert len(set(row.tolist())) == 8 and q.idx not in row and row.min() >= 0 and row.max() < len(pool)
+        assert np.all(np.diff(sc) <= 1e-6), "best first"
+    again = r.retrieve(queries, 8, exclude=exclude)
+    np.testing.assert_array_equal(h.ids, again.ids)
+    np.testing.assert_allclose(h.scores, again.scores, rtol=1e-6)
+    # without exclusion the query may come back; k is honoured
+    assert r.retrieve(queries[:3], 5).ids.shape == (3, 5)
+
+
+def test_lm_oracle_reorders_bm25_oracle_candidates_by_lm_score(demo, all_retrievers):
+    task, pool, _ = demo
+    bm25o, lmo = all_retrievers["bm25-oracle"], all_retrievers["lm-oracle"]
+    q = pool[:3]
+    got = lmo.retrieve(q, 12)
+    cand = bm25o.retrieve(q, 12).ids
+    for i in range(3):
+        assert set(got.ids[i].tolist()) == set(cand[i].tolist())  # the same candidates, re-ranked
+        s = lmo.scorer.score(
+            [task.format_demo(pool[c]) + task.format_query(q[i].input) for c in got.ids[i]],
+            [task.format_target(q[i].output)] * 12,
+        )
+        np.testing.assert_allclose(got.scores[i], s, atol=1e-3)  # the scores returned are the LM's
+        assert np.all(np.diff(s) <= 1e-9)  # best LM score first
+
+
+def test_prompt_never_exceeds_budget(demo):
+    task, pool, ev = demo
+    count = lambda s: len(s.split())  # noqa: E731
+    for budget in (8, 20, 40, 200):
+        p = build_prompt(task, ev[0], list(range(50)), pool, count, budget, reserve=5, max_demos=16)
+        assert count(p.text) + 5 <= budget or p.status != "ok"
+        assert p.text.endswith(task.format_query(ev[0].input))
+        if p.demo_ids:  # the best demonstration sits right before the query
+            assert p.text.endswith(task.format_demo(pool[p.demo_ids[0]]) + task.format_query(ev[0].input))
+    nq = count(task.format_query(ev[0].input))
+    assert build_prompt(task, ev[0], [0, 1], pool, count, nq + 5 + 1, 5, 16).status == "no_demo_fits"
+    assert build_prompt(task, ev[0], [0, 1], pool, count, nq + 5 - 1, 5, 16).status == "query_too_long"
+
+
+def test_metrics_on_hand_made_cases():
+    mtop = get_task(DataConfig(task="mtop"))
+    assert mtop.is_correct("[IN:A  [SL:B x ] ]", "[IN:A [SL:B x ] ]")
+    assert not mtop.is_correct("[IN:A [SL:B y ] ]", "[IN:A [SL:B x ] ]")
+    brk = get_task(DataConfig(task="break"))
+    assert brk.is_correct("return flights ;return #1 from  denver", "Return flights; return #1 from denver")
+    assert not brk.is_correct(
+        "return flights ;return #2 from denver", "return flights ;return #1 from denver"
+    )
+    m, lo, hi = mean_ci([100, 0, 100, 100])
+    assert m == 75 and 0 <= lo <= m <= hi <= 100

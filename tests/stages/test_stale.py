@@ -1,0 +1,223 @@
+"""Nothing stale, nothing lost: identities that see every byte, caches that never overwrite each other, temp files
+and outputs of former configs removed. Each with a negative control (nothing changed: everything reused)."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from epr import artifacts, pipeline
+from epr.config import load_config
+from epr.context import Context
+
+
+# ---- a local model's identity: its full weights ----------------------------------------------------------------
+def _fake_model(root: Path, tail: bytes) -> Path:
+    root.mkdir()
+    (root / "config.json").write_text("{}")
+    (root / "model.safetensors").write_bytes(b"\0" * (3 << 20) + tail)  # differs only after the first MiB
+    return root
+
+
+def test_model_identity_sees_the_whole_weights(tmp_path, monkeypatch):
+    from epr.lm.factory import model_identity
+
+    monkeypatch.setenv("EPR_CACHE", str(tmp_path / "cache"))
+    a = _fake_model(tmp_path / "a", b"one")
+    b = _fake_model(tmp_path / "b", b"two")
+    ia, ib = model_identity(str(a))["files"], model_identity(str(b))["files"]
+    assert ia != ib  # same sizes, same first MiB, other weights
+    assert model_identity(str(a))["files"] == ia  # negative control: unchanged folder, same identity
+    w = a / "model.safetensors"
+    data = bytearray(w.read_bytes())
+    data[-1] ^= 1
+    st = w.stat()
+    w.write_bytes(bytes(data))  # edited in place, same size
+    os.utime(w, ns=(st.st_atime_ns, st.st_mtime_ns + 1000))
+    assert model_identity(str(a))["files"] != ia
+
+
+def test_digests_are_remembered_across_processes(tmp_path, monkeypatch):
+    monkeypatch.setenv("EPR_CACHE", str(tmp_path / "cache"))
+    f = tmp_path / "w.bin"
+    f.write_bytes(os.urandom(1 << 16))
+    d = artifacts.cached_digest(f)
+    assert d == artifacts.file_digest(f)
+    store = json.loads((tmp_path / "cache" / "digests.json").read_text())
+    assert list(store.values()) == [artifacts.cached_digest(f, full=True)]
+    artifacts._DIGESTS.clear()  # a new process: the store answers, the file is not read again
+
+    def no_read(*a, **k):
+        raise AssertionError("hashed again")
+
+    monkeypatch.setattr(artifacts.hashlib, "sha256", no_read)
+    assert artifacts.cached_digest(f) == d
+
+
+# ---- the score cache: no write replaces another ----------------------------------------------------------------
+def test_score_cache_keeps_every_write_of_one_process(tmp_path):
+    from epr.lm.score_cache import ScoreCache
+
+    key = {"lm": "x"}
+    c = ScoreCache(tmp_path, key)
+    for i in range(5):  # the same name, the same process: five chunks
+        c.put([f"ctx{i}"], [f"t{i}"], [float(-i)], name="gold")
+    c.put(["ctx0"], ["t0"], [0.0], name="gold")  # the same entries again: one file, no loss
+    again = ScoreCache(tmp_path, key)  # what the next run reads
+    assert len(again) == 5
+    assert again.get([f"ctx{i}" for i in range(5)], [f"t{i}" for i in range(5)]) == [
+        0.0,
+        -1.0,
+        -2.0,
+        -3.0,
+        -4.0,
+    ]
+    assert len(list(again.dir.glob("shard-*.json"))) == 5
+
+
+# ---- temp files left by a kill between the temp write and the rename ------------------------------------------
+def test_temp_files_of_a_killed_writer_are_removed(tmp_path):
+    root = tmp_path / "chunks"
+    root.mkdir()
+    dead = 2**22 + 12345  # above the default pid_max: no such process
+    stale = [root / f".chunk-000001.json.{dead}.abc_123.tmp", root / f".x.faiss.{dead}.tmp"]
+    live = root / f".chunk-000002.json.{os.getpid()}.q1w2e3.tmp"  # a live writer's: kept
+    for f in [*stale, live]:
+        f.write_text("half")
+    (root / "chunk-000000.json").write_text("{}")
+    artifacts.ChunkStore(root, {"k": 1})  # the next run opens the store
+    assert not any(f.exists() for f in stale)
+    assert live.exists() and (root / "KEY.json").exists()
+
+
+def test_atomic_writers_name_their_temp_by_pid_and_leave_none(tmp_path, monkeypatch):
+    seen = []
+    real = os.replace
+
+    def spy(src, dst):
+        seen.append(Path(src).name)
+        return real(src, dst)
+
+    monkeypatch.setattr(artifacts.os, "replace", spy)
+    artifacts.atomic_write_text(tmp_path / "a.json", "{}")
+    artifacts.save_npy(tmp_path / "b.npy", np.zeros(3))
+    assert all(f".{os.getpid()}." in n and n.endswith(".tmp") for n in seen), seen
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json", "b.npy"]
+
+
+def test_run_stage_removes_stale_temps(tmp_path):
+    (tmp_path / "d.jsonl").write_text(
+        "".join(json.dumps({"input": f"q{i} x", "output": f"a{i}"}) + "\n" for i in range(20))
+    )
+    cfg = load_config(
+        [], [f"run_root={tmp_path}", "name=r", "data.task=jsonl", f"data.path={tmp_path / 'd.jsonl'}"]
+    )
+    ctx = Context(cfg)
+    out = ctx.stage_dir("examples")
+    out.mkdir(parents=True)
+    left = out / f".pool.jsonl.{2**22 + 7}.zzz.tmp"
+    left.write_text("half")
+    assert pipeline.run(ctx, until="examples") == ["examples"]
+    assert not left.exists()
+
+
+# ---- files readable as the umask says --------------------------------------------------------------------------
+@pytest.mark.parametrize("umask,mode", [(0o022, 0o644), (0o002, 0o664), (0o077, 0o600)])
+def test_written_files_follow_the_umask(tmp_path, umask, mode):
+    old = os.umask(umask)
+    try:
+        artifacts.atomic_write_text(tmp_path / "a.json", "{}")
+        artifacts.save_npy(tmp_path / "b.npy", np.zeros(2))
+        artifacts.write_jsonl(tmp_path / "c.jsonl", [{"a": 1}])
+    finally:
+        os.umask(old)
+    for n in ("a.json", "b.npy", "c.jsonl"):
+        assert stat.S_IMODE((tmp_path / n).stat().st_mode) == mode, n
+
+
+# ---- a stage removes the outputs it no longer makes ------------------------------------------------------------
+def test_rerank_drops_a_former_quality_bias(tmp_path):
+    from epr.stages.rerank import run_rerank
+
+    cfg = load_config([], [f"run_root={tmp_path}", "name=r", "retrieve.retrievers=[bm25]"])
+    ctx = Context(cfg)
+    first, out = ctx.stage_dir("retrieve"), ctx.stage_dir("rerank")
+    first.mkdir(parents=True)
+    out.mkdir(parents=True)
+    artifacts.write_jsonl(first / "bm25.jsonl", [{"idx": 0, "ids": [1, 2], "scores": [1.0, 0.5]}])
+    np.save(out / "quality_bias.npy", np.ones(3, dtype=np.float32))  # a former `+bias` run's, another LM's
+    (out / "epr+div+bias.jsonl").write_text("{}\n")
+    run_rerank(ctx, out, "fp")
+    assert sorted(p.name for p in out.iterdir()) == ["bm25.jsonl"]
+    # negative control: what the config makes stays
+    run_rerank(ctx, out, "fp")
+    assert (out / "bm25.jsonl").exists()
+
+
+def test_prune_outputs_keeps_sub_folders_and_the_manifest(tmp_path):
+    (tmp_path / "parts").mkdir()
+    for n in ("a.jsonl", "b.jsonl", "manifest.json"):
+        (tmp_path / n).write_text("x")
+    assert artifacts.prune_outputs(tmp_path, ["a.jsonl"]) == ["b.jsonl"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.jsonl", "manifest.json", "parts"]
+
+
+# ---- built-in tasks: the data files' content is part of the examples key --------------------------------------
+@pytest.mark.parametrize(
+    "task,files",
+    [
+        ("mtop", ["mtop/mtop_en.train.jsonl", "mtop/mtop_en.validation.jsonl"]),
+        ("break", ["break/qdmr.validation.jsonl"]),
+        ("smcalflow", ["smcalflow/smcalflow2.validation.jsonl.gz"]),
+        ("truthfulqa", ["truthfulqa/truthfulqa.2021-10.jsonl"]),
+    ],
+)
+def test_builtin_task_data_edited_in_place_makes_examples_stale(task, files, tmp_path):
+    for f in files:
+        (tmp_path / f).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / f).write_bytes(b"version 1\n")
+    cfg = load_config([], [f"run_root={tmp_path}", f"data.task={task}", f"data.data_dir={tmp_path}"])
+    fp = pipeline.stage_fingerprint(Context(cfg), "examples")
+    assert pipeline.stage_fingerprint(Context(cfg), "examples") == fp  # negative control
+    p = tmp_path / files[-1]
+    st = p.stat()
+    p.write_bytes(b"version 2\n")  # replaced in place, same size
+    os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns + 1000))
+    assert pipeline.stage_fingerprint(Context(cfg), "examples") != fp
+
+
+# ---- scripts/mtop_curve.py: a row's key by the stages' rules --------------------------------------------------
+@pytest.fixture(scope="module")
+def curve():
+    import importlib.util
+
+    root = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("mtop_curve", root / "scripts" / "mtop_curve.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize(
+    "retriever,change",
+    [
+        ("bm25", "retrieve.k=10"),
+        ("bm25", "retrieve.prompt_budget=500"),
+        ("bm25", "retrieve.max_demos=4"),
+        ("bm25", "models.inference_lm=gemma3-270m"),
+        ("sbert", "models.encoder=mpnet"),
+        ("epr", "retrieve.eval_limit=7"),
+    ],
+)
+def test_curve_row_key_sees_what_the_row_depends_on(curve, tmp_path, retriever, change):
+    def key(*extra):
+        cfg = load_config([], [f"run_root={tmp_path}", "data.task=demo", *extra])
+        return json.loads(json.dumps(curve.row_key(Context(cfg), retriever, "fp", 10)))
+
+    assert key() == key()  # negative control
+    assert key(change) != key()
