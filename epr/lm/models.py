@@ -213,7 +213,7 @@ def resolve_encoder(name: str, cache: str | None = None) -> str:
 def pick_dtype(dtype: str = "auto", device: str | torch.device = "cpu") -> torch.dtype:
     """The torch dtype of ``models.dtype`` here (``epr.lm.factory.resolve_dtype``: bf16 where the hardware runs it
     fast, else fp32)."""
-    from epr.lm.factory import resolve_dtype
+    from epr.lm.identity import resolve_dtype
 
     return torch.bfloat16 if resolve_dtype(dtype, str(device)) == "bf16" else torch.float32
 
@@ -242,7 +242,7 @@ def load_tokenizer_for(models, inference: bool = False):
     """The tokenizer alone (counting prompt tokens needs no weights)."""
     from transformers import AutoTokenizer
 
-    from epr.lm.factory import lm_name
+    from epr.lm.identity import lm_name
 
     return AutoTokenizer.from_pretrained(resolve_lm(lm_name(models, inference), models.cache_dir))
 

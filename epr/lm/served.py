@@ -339,7 +339,7 @@ def _max_length(cfg, info: dict, tok) -> int:
         return int(info["max_model_len"])
     from transformers import AutoConfig
 
-    from epr.lm.factory import lm_name
+    from epr.lm.identity import lm_name
     from epr.lm.models import resolve_lm
 
     try:
