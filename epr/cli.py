@@ -66,6 +66,16 @@ def build_parser() -> argparse.ArgumentParser:
         parents=[common],
         help="the whole pipeline on the packaged demo set, ending in a comparison table",
     )
+    c = sub.add_parser(
+        "config",
+        parents=[common],
+        help="print the resolved config: every key with its value, help and choices (YAML that -c loads back)",
+        description=CONFIG_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    c.add_argument(
+        "files", nargs="*", metavar="CONFIG.yaml", help="YAML config(s), merged in order after any -c"
+    )
     from epr.truthfulqa import cli as truthfulqa_cli
 
     truthfulqa_cli.add_parser(sub)
@@ -79,6 +89,25 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 DEMO_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"
+CONFIG_HELP = """Print the resolved configuration (the defaults, then the YAML files in order, then the --set overrides) as
+YAML: every key with its value and, as a comment, its help and its choices, grouped by section. The output
+loads back unchanged (epr run -c resolved.yaml). Loads no model and imports no torch.
+
+Examples::
+
+    epr config                                          # every setting at its default
+    epr config configs/mtop.yaml --set candidates.L=20  # what a run with these would use
+    epr config configs/mtop.yaml > my.yaml              # a starting point to edit
+"""
+
+
+def print_config(args: argparse.Namespace) -> int:
+    from epr.config import dump_config, load_config
+
+    paths = [*args.config, *args.files]
+    cfg = load_config(paths, args.set)
+    sys.stdout.write(dump_config(cfg, [*map(str, paths), *(f"--set {s}" for s in args.set)]))
+    return 0
 
 
 def context_from_args(args: argparse.Namespace):
@@ -184,6 +213,8 @@ def _main(argv: list[str]) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         datefmt="%H:%M:%S",
     )
+    if args.cmd == "config":
+        return print_config(args)
     from epr import pipeline
 
     if args.cmd == "truthfulqa":

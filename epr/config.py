@@ -1,18 +1,41 @@
 """Typed, frozen configuration: one dataclass per stage, filled from YAML plus ``--set a.b=v`` overrides.
 
-Unknown keys are errors. A YAML file may name a parent with ``inherit: other.yaml`` (relative to itself).
+Unknown keys are errors. A YAML file may name a parent with ``inherit: other.yaml`` (relative to itself). The
+sections live in :mod:`epr.config_sections`, each field declared once with its default, help and choices; this
+module loads and checks them (a value outside a field's choices is a ``ConfigError`` naming the key) and
+:func:`dump_config` prints a resolved config as commented YAML (``epr config``) that loads back.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import inspect
 from collections.abc import Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import fields
 from pathlib import Path
 from typing import Any, get_type_hints
 
 import yaml
 
+from epr.config_sections import (
+    DENSE,
+    RETRIEVERS,
+    CandidatesConfig,
+    DataConfig,
+    ExperimentConfig,
+    GenerateConfig,
+    LabelsConfig,
+    ModelsConfig,
+    RagsysConfig,
+    RetrieveConfig,
+    ScoringConfig,
+    ServerConfig,
+    TrainConfig,
+    TruthfulQAConfig,
+    train_loss_weight,
+    train_temperature,
+)
 from epr.types import ConfigError
 
 __all__ = [
@@ -30,245 +53,13 @@ __all__ = [
     "ServerConfig",
     "load_config",
     "config_from_dict",
+    "check_choices",
+    "dump_config",
+    "train_temperature",
+    "train_loss_weight",
+    "RETRIEVERS",
+    "DENSE",
 ]
-
-
-@dataclass(frozen=True)
-class DataConfig:
-    task: str = "demo"
-    data_dir: str | None = None  # local data folder (e.g. ../shared/data); None: packaged demo or the hub
-    eval_size: int = 1000  # for tasks without a labelled held-out split: rows moved from pool to eval
-    split_seed: int = 0
-    pool_limit: int | None = None  # keep only the first N pool rows (after splitting)
-    eval_limit: int | None = None  # evaluate on a fixed random subset of N eval rows (seeded)
-    # dev: that subset (where every choice is made); locked: the rest of the eval split, evaluated once at the end
-    eval_part: str = "dev"
-    path: str | None = None  # generic task: the {input, output} JSONL/CSV file
-    eval_path: str | None = None  # generic task: optional separate evaluation file
-    input_field: str = "input"
-    output_field: str = "output"
-
-
-@dataclass(frozen=True)
-class ModelsConfig:
-    lm: str = "smollm2"  # scoring LM: packaged name, hub id or local directory
-    inference_lm: str | None = None  # None: same as lm
-    encoder: str = "minilm"  # dual-encoder init and SBERT baseline
-    cache_dir: str | None = None  # where converted models live; default ~/.cache/epr (or $EPR_CACHE)
-    dtype: str = "auto"  # auto | bf16 | fp32
-    pack_linear: str = "auto"  # auto | on | off: LM linears pre-packed for oneDNN on CPU (auto: fp32 only)
-
-
-@dataclass(frozen=True)
-class CandidatesConfig:
-    L: int = 50
-    view: str = "output"  # output | input | input+output
-    backend: str = "bm25s"  # bm25s | rank_bm25
-    num_queries: int | None = None  # label only N pool examples (seeded subset); None: all
-    query_seed: int = 0
-
-
-@dataclass(frozen=True)
-class ScoringConfig:
-    batch_tokens: int = 4096  # padded tokens per forward pass
-    chunk_size: int = 32  # training examples per resumable chunk
-    forward: str = "fast"  # fast (epr.lm.fastlm, Llama-family) | hf (the transformers forward)
-    compile: bool = False  # torch.compile the forward (one-off compile of minutes; pays off on long runs)
-    prefix_share: bool = (
-        True  # each demonstration's key/value cache computed once for all its [x][y] suffixes
-    )
-
-
-@dataclass(frozen=True)
-class LabelsConfig:
-    k_pos: int = 5
-    k_neg: int = 5
-    source: str = "lm"  # lm (EPR) | bm25 (DR-BM25 labels)
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    epochs: int = 3
-    batch_size: int = 32  # instances per optimizer step (effective batch, per process)
-    chunk_size: int = 8  # GradCache sub-batch; 0 disables gradient caching
-    lr: float = 2e-5
-    warmup_ratio: float = 0.1
-    weight_decay: float = 0.0
-    loss: str = "epr"  # epr (the paper's) | listwise (UDR) | distill (LLM-R): epr/encoder/losses.py
-    similarity: str = "dot"  # dot (EPR: raw inner product) | cosine (normalised embeddings / temperature)
-    temperature: float | None = None  # divides the similarity; None: 1 for dot, 0.05 for cosine
-    list_size: int = 8  # listwise / distill: scored candidates per instance per step (the best + a sample)
-    loss_weight: float | None = None  # weight of the in-batch contrastive term; None: 1 listwise, 0.2 distill
-    teacher_temperature: float = 1.0  # distill: softmax(LM score / this) is the target distribution
-    best_by: str = "mrr"  # keep the epoch (0 = untrained) with the best dev metric: mrr | recall | last
-    tie_encoders: bool = False
-    max_length: int = 64
-    grad_accum: int = 1
-    mixed_precision: str = "no"  # no | bf16
-    seed: int = 42
-    dev_size: int = 100  # labelled instances held out for recall@k / MRR
-    checkpoint_every: int = 0  # steps; 0: only at epoch ends
-
-
-def train_temperature(tc: TrainConfig) -> float:
-    """The similarity temperature in force: the configured one, or 1 (dot) / 0.05 (cosine)."""
-    if tc.temperature is not None:
-        return tc.temperature
-    return 1.0 if tc.similarity == "dot" else 0.05
-
-
-def train_loss_weight(tc: TrainConfig) -> float:
-    """Weight of the in-batch contrastive term of the listwise / distill losses (UDR: 1, LLM-R: 0.2)."""
-    if tc.loss_weight is not None:
-        return tc.loss_weight
-    return 0.2 if tc.loss == "distill" else 1.0
-
-
-@dataclass(frozen=True)
-class RetrieveConfig:
-    retrievers: tuple[str, ...] = ("random", "bm25", "sbert", "epr", "bm25-oracle")
-    k: int = 50  # retrieved before fitting into the prompt budget
-    oracle_candidates: int | None = (
-        None  # lm-oracle: BM25-Oracle candidates the LM re-ranks; None: candidates.L
-    )
-    index_factory: str = "Flat"  # faiss factory string, inner product
-    prompt_budget: int = 768  # inference-LM tokens for demos + query + reserved answer room
-    answer_reserve: int = 96
-    max_demos: int = 16
-    eval_limit: int | None = (
-        None  # compare on a seeded subset of the eval split (the examples stage keeps all)
-    )
-
-
-@dataclass(frozen=True)
-class GenerateConfig:
-    max_new_tokens: int = 96
-    batch_size: int = 8  # transformers' generate (engine hf, and models the lean decoder does not cover)
-    chunk_size: int = 64  # prompts per resumable chunk
-    engine: str = "auto"  # auto: the lean decoder (epr/lm/decode.py) where it covers the model, else hf
-    decode_rows: int = 64  # lean decoder: rows decoded together
-    prefill_tokens: int = 8192  # lean decoder: padded prompt tokens per prefill slice
-
-
-@dataclass(frozen=True)
-class RagsysConfig:
-    k: int = 6
-    lambda_d: float = 0.75
-    lambda_b: float = 0.95
-
-
-@dataclass(frozen=True)
-class TruthfulQAConfig:
-    """The TruthfulQA stages (epr/truthfulqa/stage.py); k, lambda_d and lambda_b come from ``ragsys``, the LM from
-    ``models.lm`` / ``models.dtype``, the relevance encoder from ``models.encoder``, the files from ``data.data_dir``."""
-
-    version: str = "2021-10"  # 2021-10 (SPEC 3.4) | v0 (the copy HF / lm-evaluation-harness use)
-    variants: tuple[str, ...] = ("fix", "bias", "rel", "rel+bias", "rel+div", "rel+div+bias")
-    limit: int | None = None  # a seeded subset (seed: ``seed``) of the 817 questions; the pool stays whole
-    sweep: tuple[float, ...] = ()  # lambda_d values of the calibration sweep (rel+div+bias); empty: no sweep
-    chunk_size: int = 32  # questions per resumable chunk of scores
-
-    def __post_init__(self):
-        from ragsys import VARIANTS
-
-        known = ("fix", *VARIANTS)
-        bad = [v for v in self.variants if v not in known]
-        if bad or not self.variants or len(set(self.variants)) != len(self.variants):
-            raise ConfigError(
-                f"config truthfulqa.variants: {list(self.variants)}: distinct names of {list(known)}"
-            )
-        try:
-            sweep = tuple(float(x) for x in self.sweep)
-        except (TypeError, ValueError):
-            raise ConfigError(
-                f"config truthfulqa.sweep: {self.sweep!r}: expected numbers in [0, 1]"
-            ) from None
-        if any(not 0.0 <= x <= 1.0 for x in sweep):
-            raise ConfigError(f"config truthfulqa.sweep: {list(sweep)}: lambda_d values must be in [0, 1]")
-        object.__setattr__(self, "sweep", sweep)
-        if self.limit is not None and self.limit < 1:
-            raise ConfigError(f"config truthfulqa.limit={self.limit} must be >= 1 (or null: all questions)")
-        if self.chunk_size < 1:
-            raise ConfigError(f"config truthfulqa.chunk_size={self.chunk_size} must be >= 1")
-
-
-@dataclass(frozen=True)
-class ServerConfig:
-    """An LM behind an OpenAI-compatible server (vLLM, llama.cpp, a provider's API: ``epr/lm/served.py``). With
-    ``base_url`` set, scoring, the quality bias, TruthfulQA and generation go to the server; the local tokenizer of
-    ``models.lm`` / ``models.inference_lm`` (or ``tokenizer``) turns texts into the token ids that are sent, so the
-    scored tokens are exactly those of the in-process scorer."""
-
-    base_url: str | None = None  # e.g. http://localhost:8000/v1; None: the LM runs in-process
-    model: str | None = None  # the served scoring LM's name; None: the only model the server lists
-    inference_model: str | None = None  # the served inference LM; None: ``model``
-    tokenizer: str | None = (
-        None  # local tokenizer matching the served model; None: models.lm's (inference_lm's)
-    )
-    api_key_env: str = (
-        "OPENAI_API_KEY"  # the environment variable that holds the API key (unset: no key sent)
-    )
-    concurrency: int = 4  # requests in flight at once
-    max_retries: int = (
-        5  # per request, on 429 / 5xx / a refused or dropped connection, with exponential backoff
-    )
-    backoff_s: float = 1.0  # first retry's wait; doubles each retry (a Retry-After header wins)
-    timeout_s: float = 300.0  # per request
-    max_length: int | None = (
-        None  # the served context window in tokens; None: the server's, else the model config's
-    )
-
-    def __post_init__(self):
-        if self.concurrency < 1 or self.max_retries < 0 or self.backoff_s < 0 or self.timeout_s <= 0:
-            raise ConfigError(
-                "config server: concurrency must be >= 1, max_retries >= 0, backoff_s >= 0, timeout_s > 0"
-            )
-        if self.base_url is not None and not self.base_url.startswith(("http://", "https://")):
-            raise ConfigError(f"config server.base_url={self.base_url!r}: expected http(s)://host:port/v1")
-
-
-@dataclass(frozen=True)
-class ExperimentConfig:
-    name: str = "demo"
-    run_root: str = "runs"
-    seed: int = 0
-    data: DataConfig = field(default_factory=DataConfig)
-    models: ModelsConfig = field(default_factory=ModelsConfig)
-    candidates: CandidatesConfig = field(default_factory=CandidatesConfig)
-    scoring: ScoringConfig = field(default_factory=ScoringConfig)
-    labels: LabelsConfig = field(default_factory=LabelsConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
-    retrieve: RetrieveConfig = field(default_factory=RetrieveConfig)
-    generate: GenerateConfig = field(default_factory=GenerateConfig)
-    ragsys: RagsysConfig = field(default_factory=RagsysConfig)
-    truthfulqa: TruthfulQAConfig = field(default_factory=TruthfulQAConfig)
-    server: ServerConfig = field(default_factory=ServerConfig)
-
-    @property
-    def run_dir(self) -> Path:
-        return Path(self.run_root) / self.name
-
-    def section(self, name: str) -> dict[str, Any]:
-        return dataclasses.asdict(getattr(self, name))
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-
-_CHOICES = {
-    ("candidates", "view"): {"output", "input", "input+output"},
-    ("candidates", "backend"): {"bm25s", "rank_bm25"},
-    ("labels", "source"): {"lm", "bm25"},
-    ("models", "dtype"): {"auto", "bf16", "fp32"},
-    ("models", "pack_linear"): {"auto", "on", "off"},
-    ("generate", "engine"): {"auto", "lean", "hf"},
-    ("data", "eval_part"): {"dev", "locked"},
-    ("train", "mixed_precision"): {"no", "bf16"},
-    ("train", "loss"): {"epr", "listwise", "distill"},
-    ("train", "similarity"): {"dot", "cosine"},
-    ("train", "best_by"): {"mrr", "recall", "last"},
-    ("truthfulqa", "version"): {"2021-10", "v0"},
-}
 
 
 def _coerce(value: Any, tp: Any, where: str) -> Any:
@@ -308,20 +99,55 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     return value
 
 
+def _did_you_mean(word: Any, options: Sequence[Any]) -> str:
+    close = difflib.get_close_matches(str(word), [str(o) for o in options], n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+_YAML_BOOLS = {True: ("yes", "true", "on"), False: ("no", "false", "off")}
+
+
+def _unbool(f: dataclasses.Field, value: Any) -> Any:
+    """An unquoted ``no`` / ``on`` that YAML read as a bool, back to the one choice of ``f`` it spells (if any)."""
+    if not isinstance(value, bool):
+        return value
+    spelled = [c for c in f.metadata.get("choices", ()) if str(c).lower() in _YAML_BOOLS[value]]
+    return spelled[0] if len(spelled) == 1 else value
+
+
+def check_choices(f: dataclasses.Field, value: Any, key: str) -> None:
+    """Raise ``ConfigError`` naming ``key`` if ``value`` (each element, for a tuple) is outside ``f``'s choices."""
+    choices = f.metadata.get("choices")
+    if not choices:
+        return
+    for v in value if isinstance(value, tuple) else (value,):
+        if isinstance(v, bool) or v not in choices:
+            hint = (
+                " (YAML reads unquoted on/off/yes/no as true/false: quote it)" if isinstance(v, bool) else ""
+            )
+            each = "an element " if isinstance(value, tuple) else ""
+            raise ConfigError(
+                f"config {key}: {each}{v!r} is not one of {', '.join(map(str, choices))}"
+                f"{_did_you_mean(v, choices)}{hint}"
+            )
+
+
 def config_from_dict(cls: type, data: dict[str, Any], where: str = "") -> Any:
-    """Build dataclass ``cls`` from ``data``; unknown keys and wrong types raise ``ValueError`` naming the key."""
+    """Build dataclass ``cls`` from ``data``; unknown keys, wrong types and values outside a field's choices raise
+    ``ConfigError`` naming the key."""
     hints = get_type_hints(cls)
-    known = {f.name for f in fields(cls)}
-    unknown = sorted(set(data) - known)
+    by_name = {f.name: f for f in fields(cls)}
+    unknown = sorted(set(data) - set(by_name), key=str)
     if unknown:
-        raise ConfigError(f"config {where or '<root>'}: unknown key(s) {unknown}; allowed: {sorted(known)}")
+        raise ConfigError(
+            f"config {where or '<root>'}: unknown key(s) {unknown}{_did_you_mean(unknown[0], list(by_name))}; "
+            f"allowed: {sorted(by_name)}"
+        )
     kwargs = {}
     for name, value in data.items():
         key = f"{where}.{name}" if where else name
-        kwargs[name] = _coerce(value, hints[name], key)
-        allowed = _CHOICES.get(tuple(key.split(".")[-2:]))
-        if allowed and kwargs[name] not in allowed:
-            raise ConfigError(f"config {key}: {kwargs[name]!r} is not one of {sorted(allowed)}")
+        kwargs[name] = _coerce(_unbool(by_name[name], value), hints[name], key)
+        check_choices(by_name[name], kwargs[name], key)
     return cls(**kwargs)
 
 
@@ -391,10 +217,6 @@ def load_config(paths: Sequence[str | Path] = (), overrides: Sequence[str] = ())
     return cfg
 
 
-RETRIEVERS = ("random", "bm25", "sbert", "epr", "dr-bm25", "bm25-oracle", "lm-oracle")
-DENSE = ("sbert", "epr", "dr-bm25")
-
-
 def _validate(cfg: ExperimentConfig) -> None:
     checks = [
         (cfg.candidates.L >= 1, "candidates.L must be >= 1"),
@@ -414,10 +236,6 @@ def _validate(cfg: ExperimentConfig) -> None:
             f"labels.k_pos + labels.k_neg ({cfg.labels.k_pos}+{cfg.labels.k_neg}) must be <= candidates.L ({cfg.candidates.L})",
         ),
         (cfg.scoring.batch_tokens >= 16, "scoring.batch_tokens must be >= 16"),
-        (
-            cfg.scoring.forward in ("fast", "hf"),
-            f"scoring.forward={cfg.scoring.forward!r} must be 'fast' or 'hf'",
-        ),
         (0.0 <= cfg.ragsys.lambda_d <= 1.0, f"ragsys.lambda_d={cfg.ragsys.lambda_d} must be in [0, 1]"),
         (0.0 <= cfg.ragsys.lambda_b <= 1.0, f"ragsys.lambda_b={cfg.ragsys.lambda_b} must be in [0, 1]"),
         (cfg.train.batch_size >= 2, "train.batch_size must be >= 2 (in-batch negatives)"),
@@ -448,3 +266,44 @@ def _validate(cfg: ExperimentConfig) -> None:
     for ok, msg in checks:
         if not ok:
             raise ConfigError(f"config: {msg}")
+
+
+def _yaml_value(value: Any) -> str:
+    """``value`` as one line of YAML (quoted where plain text would read back as something else)."""
+    if isinstance(value, tuple):
+        value = list(value)
+    text = yaml.safe_dump([value], default_flow_style=True, width=float("inf"), allow_unicode=True).strip()
+    return text[1:-1]  # the flow list's brackets
+
+
+def _comment(f: dataclasses.Field) -> str:
+    choices = f.metadata.get("choices")
+    if not choices:
+        return f.metadata.get("help", "")
+    each = "each of" if isinstance(f.default, tuple) else "choices"
+    return f"{f.metadata.get('help', '')} [{each}: {', '.join(map(str, choices))}]"
+
+
+def _dump(obj: Any, indent: str, lines: list[str]) -> None:
+    for f in fields(obj):
+        value = getattr(obj, f.name)
+        if dataclasses.is_dataclass(value):
+            doc = inspect.cleandoc(type(value).__doc__ or "")
+            lines += ["", *(f"{indent}# {line}".rstrip() for line in doc.splitlines()), f"{indent}{f.name}:"]
+            _dump(value, indent + "  ", lines)
+        else:
+            lines.append(f"{indent}{f.name}: {_yaml_value(value)}  # {_comment(f)}".rstrip())
+
+
+def dump_config(cfg: ExperimentConfig, sources: Sequence[str] = ()) -> str:
+    """``cfg`` as YAML: every key with its value, its help and its choices as comments, grouped by section under
+    the section's docstring. :func:`load_config` reads it back to an equal config."""
+    lines = [
+        "# The resolved epr configuration"
+        + (f" ({', '.join(sources)})" if sources else " (the defaults)")
+        + ".",
+        "# Every key with its value; after it, its help and [choices]. `epr run -c THIS.yaml` loads it back.",
+        *(f"# {line}" for line in inspect.cleandoc(ExperimentConfig.__doc__ or "").splitlines()),
+    ]
+    _dump(cfg, "", lines)
+    return "\n".join(lines) + "\n"

@@ -1,6 +1,16 @@
-import pytest
+import dataclasses
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import get_type_hints
 
-from epr.config import load_config
+import pytest
+import yaml
+
+from epr.config import ExperimentConfig, dump_config, load_config
+from epr.config_sections import TQA_VARIANTS
+from epr.types import ConfigError
 
 
 def test_defaults_and_overrides(tmp_path):
@@ -41,3 +51,146 @@ def test_retriever_names_checked_at_load(bad, msg):
         load_config([], [f"retrieve.retrievers=epr,{bad}"])
     ok = load_config([], ["retrieve.retrievers=random,bm25,sbert+div,epr+div+bias,lm-oracle"])
     assert ok.retrieve.retrievers == ("random", "bm25", "sbert+div", "epr+div+bias", "lm-oracle")
+
+
+# --- the config documents itself: help and choices on every field, one validation road, `epr config` ---
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
+
+
+def _fields(cls=ExperimentConfig, where=""):
+    """(full key, field) of every field, sections included."""
+    hints = get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        key = f"{where}.{f.name}" if where else f.name
+        yield key, f
+        if dataclasses.is_dataclass(hints[f.name]):
+            yield from _fields(hints[f.name], key)
+
+
+ALL_FIELDS = list(_fields())
+CHOICE_FIELDS = [(k, f) for k, f in ALL_FIELDS if f.metadata.get("choices")]
+
+
+def _as_override(value) -> str:
+    return yaml.safe_dump(list(value) if isinstance(value, tuple) else value, default_flow_style=True).strip()
+
+
+def test_every_field_has_help():
+    missing = [k for k, f in ALL_FIELDS if not str(f.metadata.get("help", "")).strip()]
+    assert not missing, f"fields without help: {missing}"
+    assert len(ALL_FIELDS) > 80
+    # the finite sets found in the code base are declared on their fields
+    assert {k for k, _ in CHOICE_FIELDS} >= {
+        "data.eval_part", "models.dtype", "models.pack_linear", "candidates.view", "candidates.backend",
+        "scoring.forward", "labels.source", "train.loss", "train.similarity", "train.best_by",
+        "train.mixed_precision", "generate.engine", "truthfulqa.version", "truthfulqa.variants",
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("key,f", CHOICE_FIELDS, ids=[k for k, _ in CHOICE_FIELDS])
+def test_choices_are_enforced(key, f):
+    choices = f.metadata["choices"]
+    is_tuple = isinstance(f.default, tuple)
+    for bad in ("not-a-choice", 7, 2.5):
+        value = [bad] if is_tuple else bad
+        with pytest.raises(ConfigError) as e:
+            load_config([], [f"{key}={_as_override(value)}"])
+        msg = str(e.value)
+        assert key in msg and repr(bad) in msg and all(str(c) in msg for c in choices), msg
+    for good in choices:  # and every choice is accepted (as the only element of a tuple field)
+        cfg = load_config([], [f"{key}={_as_override([good] if is_tuple else good)}"])
+        section, name = key.split(".")
+        assert getattr(getattr(cfg, section), name) == ((good,) if is_tuple else good)
+
+
+def test_tqa_variant_choices_match_ragsys():
+    from ragsys import VARIANTS
+
+    assert TQA_VARIANTS == ("fix", *VARIANTS)
+
+
+def test_near_miss_key_and_yaml_bool_hints():
+    with pytest.raises(ConfigError, match=r"\['veiw'\] \(did you mean 'view'\?\)"):
+        load_config([], ["candidates.veiw=input"])
+    with pytest.raises(ConfigError, match="models.dtype: True is not one of auto, bf16, fp32 .*quote it"):
+        load_config([], ["models.dtype=yes"])
+    # an unquoted on / off / no that YAML reads as a bool is the one choice it spells
+    cfg = load_config([], ["models.pack_linear=on", "train.mixed_precision=no"])
+    assert (cfg.models.pack_linear, cfg.train.mixed_precision) == ("on", "no")
+    assert load_config([], ["models.pack_linear=off"]).models.pack_linear == "off"
+
+
+def _round_trip(tmp_path, cfg):
+    text = dump_config(cfg)
+    out = tmp_path / "resolved.yaml"
+    out.write_text(text)
+    assert load_config([out]) == cfg, text
+    return text
+
+
+@pytest.mark.parametrize("path", [None, *CONFIGS], ids=["defaults", *(p.name for p in CONFIGS)])
+def test_dump_round_trips(tmp_path, path):
+    cfg = load_config([path] if path else [])
+    text = _round_trip(tmp_path, cfg)
+    comments, section = {}, ""
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, rest = line.strip().partition(":")
+            section = name if not line.startswith(" ") else section
+            comments[f"{section}.{name}" if line.startswith(" ") else name] = rest.partition("  # ")[2]
+    for key, f in ALL_FIELDS:  # every key is there, with its help and choices as a comment
+        if dataclasses.is_dataclass(f.default_factory):  # a section: headed by its docstring
+            assert f"\n# {f.metadata['help']}" in text
+            continue
+        assert f.metadata["help"] in comments[key]
+        assert all(str(c) in comments[key] for c in f.metadata.get("choices", ()))
+
+
+def test_dump_round_trips_awkward_values(tmp_path):
+    cfg = load_config(
+        [],
+        [
+            "models.pack_linear='off'", "train.mixed_precision=no", "truthfulqa.version=v0",
+            "truthfulqa.sweep=[0, 0.25, 1]", "truthfulqa.variants=[rel, fix]", "train.lr=1e-4",
+            "data.path='a: b # c, [d]'", "name=\"yes\"", "server.base_url=http://127.0.0.1:8000/v1",
+            "retrieve.retrievers=[epr+div+bias, lm-oracle]", "data.eval_limit=null", "models.lm='123'",
+        ],
+    )  # fmt: skip
+    assert cfg.train.mixed_precision == "no" and cfg.name == "yes" and cfg.models.lm == "123"
+    _round_trip(tmp_path, cfg)
+
+
+def _epr(*args: str) -> subprocess.CompletedProcess:
+    """``epr ARGS`` in a fresh interpreter; fails if it imported torch."""
+    code = (
+        "import sys\nfrom epr.cli import main\nrc = main(sys.argv[1:])\n"
+        "assert 'torch' not in sys.modules, 'epr config imported torch'\nsys.exit(rc)"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run(
+        [sys.executable, "-c", code, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_epr_config_cli_round_trips_without_torch(tmp_path):
+    r = _epr("config", "configs/mtop_curve.yaml", "--set", "candidates.L=20")
+    assert r.returncode == 0, r.stderr
+    (tmp_path / "out.yaml").write_text(r.stdout)
+    want = load_config([ROOT / "configs/mtop_curve.yaml"], ["candidates.L=20"])
+    assert load_config([tmp_path / "out.yaml"]) == want and want.candidates.L == 20
+    assert "configs/mtop_curve.yaml" in r.stdout.splitlines()[0]
+
+    bad = _epr("config", "--set", "models.dtype=fp16")
+    assert bad.returncode == 2 and "models.dtype: 'fp16' is not one of auto, bf16, fp32" in bad.stderr
+
+
+def test_epr_config_help(capsys):
+    from epr.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["config", "--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert "usage: epr config" in out and "CONFIG.yaml" in out and "--set" in out

@@ -52,12 +52,10 @@ def seeded_subset(n: int, limit: int | None, seed: int) -> np.ndarray:
 def eval_part(n: int, limit: int | None, part: str, seed: int) -> np.ndarray:
     """Positions of the compared part of an eval split of ``n`` rows: ``dev``, the seeded subset of ``limit``
     (all rows when ``limit`` is None), where every choice is made; ``locked``, the rows ``dev`` leaves out,
-    evaluated once at the end."""
+    evaluated once at the end (``data.eval_part``'s choices, checked when the config loads)."""
     dev = seeded_subset(n, limit, seed)
     if part == "dev":
         return dev
-    if part != "locked":
-        raise ValueError(f"data.eval_part must be dev or locked, not {part!r}")
     if limit is None or limit >= n:
         raise ValueError(
             f"data.eval_part=locked needs data.eval_limit below the eval split's {n} rows (the dev subset whose "

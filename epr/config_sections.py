@@ -1,0 +1,362 @@
+"""The configuration sections: one frozen dataclass per stage (``epr.config`` loads them; import from there).
+
+Every field is declared once with :func:`opt`: its default, a one-line help text and, where the valid values are
+a finite set, its choices. That metadata is what the loader checks (``epr.config.config_from_dict``) and what
+``epr config`` prints; a section's docstring is its heading there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from epr.types import ConfigError
+
+__all__ = [
+    "opt",
+    "section_field",
+    "ExperimentConfig",
+    "DataConfig",
+    "ModelsConfig",
+    "CandidatesConfig",
+    "ScoringConfig",
+    "LabelsConfig",
+    "TrainConfig",
+    "RetrieveConfig",
+    "GenerateConfig",
+    "RagsysConfig",
+    "TruthfulQAConfig",
+    "ServerConfig",
+    "train_temperature",
+    "train_loss_weight",
+    "RETRIEVERS",
+    "DENSE",
+    "TQA_VARIANTS",
+]
+
+# First-stage retrievers; a dense one (DENSE) may carry the RAGSys suffixes +div / +div+bias (checked at load).
+RETRIEVERS = ("random", "bm25", "sbert", "epr", "dr-bm25", "bm25-oracle", "lm-oracle")
+DENSE = ("sbert", "epr", "dr-bm25")
+# TruthfulQA variants: "fix" plus the re-rankers of ragsys.VARIANTS (a test keeps the two equal; no import here, so
+# that loading a config imports neither numpy nor ragsys)
+TQA_VARIANTS = ("fix", "bias", "rel", "rel+bias", "rel+div", "rel+div+bias")
+
+
+def opt(default: Any, help: str, choices: tuple | None = None) -> Any:
+    """A config field: ``default``, its one-line ``help`` and, for a finite set of valid values, ``choices`` (for
+    a tuple field: the values each element may take). The loader rejects a value outside ``choices``."""
+    if isinstance(default, (list, dict, set)):
+        raise TypeError("config defaults must be immutable (a tuple, not a list)")
+    if choices is not None and not all(
+        x in choices for x in (default if isinstance(default, tuple) else (default,))
+    ):
+        raise TypeError(f"default {default!r} is not among its choices {choices}")
+    meta = {"help": help} if choices is None else {"help": help, "choices": tuple(choices)}
+    return field(default=default, metadata=meta)
+
+
+def section_field(cls: type) -> Any:
+    """A section of :class:`ExperimentConfig`; its help is the first line of the section's docstring."""
+    return field(default_factory=cls, metadata={"help": (cls.__doc__ or "").strip().splitlines()[0]})
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """The task and its split into a pool (demonstrations, training) and the evaluated examples."""
+
+    task: str = opt(
+        "demo",
+        "task name: mtop | break | smcalflow | demo | jsonl | truthfulqa (or one added by epr.tasks.register)",
+    )
+    data_dir: str | None = opt(
+        None, "local data folder (e.g. ../shared/data); null: packaged demo or the hub"
+    )
+    eval_size: int = opt(1000, "for tasks without a labelled held-out split: rows moved from pool to eval")
+    split_seed: int = opt(0, "seed of the pool/eval split and of the data.eval_limit subset")
+    pool_limit: int | None = opt(None, "keep only the first N pool rows (after splitting); null: all")
+    eval_limit: int | None = opt(None, "evaluate on a fixed random subset of N eval rows (seeded); null: all")
+    eval_part: str = opt(
+        "dev",
+        "dev: that subset (where every choice is made); locked: the rest of the eval split, evaluated once at "
+        "the end (needs data.eval_limit)",
+        ("dev", "locked"),
+    )
+    path: str | None = opt(None, "generic task (jsonl): the {input, output} JSONL/CSV file")
+    eval_path: str | None = opt(None, "generic task (jsonl): optional separate evaluation file")
+    input_field: str = opt("input", "generic task (jsonl): the column holding the input")
+    output_field: str = opt("output", "generic task (jsonl): the column holding the output")
+
+
+@dataclass(frozen=True)
+class ModelsConfig:
+    """The scoring LM, the inference LM and the encoder, and how the LMs are loaded."""
+
+    lm: str = opt("smollm2", "scoring LM: packaged name, hub id or local directory")
+    inference_lm: str | None = opt(None, "LM that answers the prompts; null: same as lm")
+    encoder: str = opt(
+        "minilm", "dual-encoder init and SBERT baseline: packaged name, hub id or local directory"
+    )
+    cache_dir: str | None = opt(None, "where converted models live; null: ~/.cache/epr (or $EPR_CACHE)")
+    dtype: str = opt(
+        "auto",
+        "LM arithmetic; auto: bf16 where the hardware runs it fast, else fp32",
+        ("auto", "bf16", "fp32"),
+    )
+    pack_linear: str = opt(
+        "auto",
+        "LM linears pre-packed for oneDNN on CPU (auto: fp32 only; epr/lm/cpu_linear.py)",
+        ("auto", "on", "off"),
+    )
+
+
+@dataclass(frozen=True)
+class CandidatesConfig:
+    """BM25 candidates of each labelled pool example: the demonstrations the scoring LM ranks."""
+
+    L: int = opt(50, "candidates per labelled example (each scored by the LM)")
+    view: str = opt("output", "the text BM25 matches over", ("output", "input", "input+output"))
+    backend: str = opt("bm25s", "BM25 implementation", ("bm25s", "rank_bm25"))
+    num_queries: int | None = opt(None, "label only N pool examples (seeded subset); null: all")
+    query_seed: int = opt(0, "seed of the candidates.num_queries subset")
+
+
+@dataclass(frozen=True)
+class ScoringConfig:
+    """LM scoring of every (candidate, example) pair: the log-probability of the output after the demonstration."""
+
+    batch_tokens: int = opt(4096, "padded tokens per forward pass (>= 16)")
+    chunk_size: int = opt(32, "training examples per resumable chunk")
+    forward: str = opt(
+        "fast", "fast: epr.lm.fastlm (Llama-family); hf: the transformers forward", ("fast", "hf")
+    )
+    compile: bool = opt(
+        False, "torch.compile the forward (one-off compile of minutes; pays off on long runs)"
+    )
+    prefix_share: bool = opt(
+        True, "each demonstration's key/value cache computed once for all its [x][y] suffixes"
+    )
+
+
+@dataclass(frozen=True)
+class LabelsConfig:
+    """Positives and hard negatives of each labelled example, from its ranked candidates."""
+
+    k_pos: int = opt(5, "the top k_pos candidates are positives (k_pos + k_neg <= candidates.L)")
+    k_neg: int = opt(5, "the bottom k_neg candidates are hard negatives")
+    source: str = opt("lm", "ranking of the candidates: lm (EPR) | bm25 (DR-BM25 labels)", ("lm", "bm25"))
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Dual-encoder training on the labels (epr/encoder/train.py, epr/encoder/losses.py)."""
+
+    epochs: int = opt(3, "passes over the labelled examples")
+    batch_size: int = opt(32, "instances per optimizer step (effective batch, per process; >= 2)")
+    chunk_size: int = opt(8, "GradCache sub-batch; 0 disables gradient caching")
+    lr: float = opt(2e-5, "AdamW learning rate (linear schedule)")
+    warmup_ratio: float = opt(0.1, "fraction of the steps spent in linear warmup")
+    weight_decay: float = opt(0.0, "AdamW weight decay")
+    loss: str = opt(
+        "epr",
+        "epr (the paper's) | listwise (UDR) | distill (LLM-R): epr/encoder/losses.py",
+        ("epr", "listwise", "distill"),
+    )
+    similarity: str = opt(
+        "dot",
+        "dot (EPR: raw inner product) | cosine (normalised embeddings / temperature)",
+        ("dot", "cosine"),
+    )
+    temperature: float | None = opt(None, "divides the similarity (> 0); null: 1 for dot, 0.05 for cosine")
+    list_size: int = opt(
+        8, "listwise / distill: scored candidates per instance per step (the best + a sample)"
+    )
+    loss_weight: float | None = opt(
+        None, "weight of the in-batch contrastive term; null: 1 listwise, 0.2 distill"
+    )
+    teacher_temperature: float = opt(1.0, "distill: softmax(LM score / this) is the target distribution")
+    best_by: str = opt(
+        "mrr",
+        "keep the epoch (0 = untrained) with the best dev metric (last: the last epoch)",
+        ("mrr", "recall", "last"),
+    )
+    tie_encoders: bool = opt(
+        False, "one encoder for queries and demonstrations (false: two, both from models.encoder)"
+    )
+    max_length: int = opt(64, "encoder tokens per query / demonstration")
+    grad_accum: int = opt(1, "gradient accumulation steps")
+    mixed_precision: str = opt("no", "accelerate's mixed precision", ("no", "bf16"))
+    seed: int = opt(42, "seed of the training order, the sampled documents and the dev split")
+    dev_size: int = opt(100, "labelled instances held out for recall@k / MRR")
+    checkpoint_every: int = opt(0, "steps between checkpoints; 0: only at epoch ends")
+
+
+def train_temperature(tc: TrainConfig) -> float:
+    """The similarity temperature in force: the configured one, or 1 (dot) / 0.05 (cosine)."""
+    if tc.temperature is not None:
+        return tc.temperature
+    return 1.0 if tc.similarity == "dot" else 0.05
+
+
+def train_loss_weight(tc: TrainConfig) -> float:
+    """Weight of the in-batch contrastive term of the listwise / distill losses (UDR: 1, LLM-R: 0.2)."""
+    if tc.loss_weight is not None:
+        return tc.loss_weight
+    return 0.2 if tc.loss == "distill" else 1.0
+
+
+@dataclass(frozen=True)
+class RetrieveConfig:
+    """The compared retrievers and the prompts they fill for the inference LM."""
+
+    retrievers: tuple[str, ...] = opt(
+        ("random", "bm25", "sbert", "epr", "bm25-oracle"),
+        f"compared retrievers: {' | '.join(RETRIEVERS)}; a dense one ({', '.join(DENSE)}) may add RAGSys "
+        "re-ranking as +div or +div+bias",
+    )
+    k: int = opt(50, "retrieved before fitting into the prompt budget")
+    oracle_candidates: int | None = opt(
+        None, "lm-oracle: BM25-Oracle candidates the LM re-ranks; null: candidates.L"
+    )
+    index_factory: str = opt("Flat", "faiss factory string, inner product")
+    prompt_budget: int = opt(768, "inference-LM tokens for demos + query + reserved answer room")
+    answer_reserve: int = opt(96, "tokens of prompt_budget kept free for the answer")
+    max_demos: int = opt(
+        16, "demonstrations per prompt at most (also what +div / +div+bias re-ranking selects)"
+    )
+    eval_limit: int | None = opt(
+        None,
+        "compare on a seeded subset (seed: the top-level seed) of the eval split (the examples stage keeps all)",
+    )
+
+
+@dataclass(frozen=True)
+class GenerateConfig:
+    """Greedy generation of the answers to the prompts."""
+
+    max_new_tokens: int = opt(96, "tokens generated per answer at most")
+    batch_size: int = opt(8, "transformers' generate (engine hf, and models the lean decoder does not cover)")
+    chunk_size: int = opt(64, "prompts per resumable chunk")
+    engine: str = opt(
+        "auto",
+        "auto: the lean decoder (epr/lm/decode.py) where it covers the model, else hf; lean: the lean decoder or an "
+        "error; hf: transformers' generate",
+        ("auto", "lean", "hf"),
+    )
+    decode_rows: int = opt(64, "lean decoder: rows decoded together")
+    prefill_tokens: int = opt(8192, "lean decoder: padded prompt tokens per prefill slice")
+
+
+@dataclass(frozen=True)
+class RagsysConfig:
+    """RAGSys re-ranking (Algorithm 1: relevance, MMR diversity, LM quality bias) of +div / +div+bias retrievers."""
+
+    k: int = opt(6, "TruthfulQA: demonstrations per question (elsewhere retrieve.max_demos)")
+    lambda_d: float = opt(0.75, "weight of relevance against diversity, in [0, 1] (1: no diversity)")
+    lambda_b: float = opt(0.95, "weight of relevance against the quality bias, in [0, 1] (1: no bias)")
+
+
+@dataclass(frozen=True)
+class TruthfulQAConfig:
+    """The TruthfulQA stages (epr/truthfulqa/stage.py); k, lambda_d and lambda_b come from ``ragsys``, the LM from
+    ``models.lm`` / ``models.dtype``, the relevance encoder from ``models.encoder``, the files from ``data.data_dir``."""
+
+    version: str = opt(
+        "2021-10", "2021-10 (SPEC 3.4) | v0 (the copy HF / lm-evaluation-harness use)", ("2021-10", "v0")
+    )
+    variants: tuple[str, ...] = opt(TQA_VARIANTS, "the compared variants (distinct)", TQA_VARIANTS)
+    limit: int | None = opt(
+        None,
+        "a seeded subset (seed: the top-level seed) of the 817 questions; the pool stays whole; null: all",
+    )
+    sweep: tuple[float, ...] = opt(
+        (), "lambda_d values of the calibration sweep (rel+div+bias); empty: no sweep"
+    )
+    chunk_size: int = opt(32, "questions per resumable chunk of scores")
+
+    def __post_init__(self):
+        if not self.variants or len(set(self.variants)) != len(self.variants):
+            raise ConfigError(f"config truthfulqa.variants: {list(self.variants)}: expected distinct names")
+        try:
+            sweep = tuple(float(x) for x in self.sweep)
+        except (TypeError, ValueError):
+            raise ConfigError(
+                f"config truthfulqa.sweep: {self.sweep!r}: expected numbers in [0, 1]"
+            ) from None
+        if any(not 0.0 <= x <= 1.0 for x in sweep):
+            raise ConfigError(f"config truthfulqa.sweep: {list(sweep)}: lambda_d values must be in [0, 1]")
+        object.__setattr__(self, "sweep", sweep)
+        if self.limit is not None and self.limit < 1:
+            raise ConfigError(f"config truthfulqa.limit={self.limit} must be >= 1 (or null: all questions)")
+        if self.chunk_size < 1:
+            raise ConfigError(f"config truthfulqa.chunk_size={self.chunk_size} must be >= 1")
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """An LM behind an OpenAI-compatible server (vLLM, llama.cpp, a provider's API: ``epr/lm/served.py``). With
+    ``base_url`` set, scoring, the quality bias, TruthfulQA and generation go to the server; the local tokenizer of
+    ``models.lm`` / ``models.inference_lm`` (or ``tokenizer``) turns texts into the token ids that are sent, so the
+    scored tokens are exactly those of the in-process scorer."""
+
+    base_url: str | None = opt(None, "e.g. http://localhost:8000/v1; null: the LM runs in-process")
+    model: str | None = opt(None, "the served scoring LM's name; null: the only model the server lists")
+    inference_model: str | None = opt(None, "the served inference LM; null: server.model")
+    tokenizer: str | None = opt(
+        None, "local tokenizer matching the served model; null: models.lm's (inference_lm's)"
+    )
+    api_key_env: str = opt(
+        "OPENAI_API_KEY", "the environment variable that holds the API key (unset: no key sent)"
+    )
+    concurrency: int = opt(4, "requests in flight at once (>= 1)")
+    max_retries: int = opt(
+        5, "per request, on 429 / 5xx / a refused or dropped connection, with exponential backoff (>= 0)"
+    )
+    backoff_s: float = opt(
+        1.0, "first retry's wait in seconds; doubles each retry (a Retry-After header wins)"
+    )
+    timeout_s: float = opt(300.0, "per request, in seconds (> 0)")
+    max_length: int | None = opt(
+        None, "the served context window in tokens; null: the server's, else the model config's"
+    )
+
+    def __post_init__(self):
+        if self.concurrency < 1 or self.max_retries < 0 or self.backoff_s < 0 or self.timeout_s <= 0:
+            raise ConfigError(
+                "config server: concurrency must be >= 1, max_retries >= 0, backoff_s >= 0, timeout_s > 0"
+            )
+        if self.base_url is not None and not self.base_url.startswith(("http://", "https://")):
+            raise ConfigError(f"config server.base_url={self.base_url!r}: expected http(s)://host:port/v1")
+
+
+@dataclass(frozen=True)
+class ExperimentConfig:
+    """One experiment: a run folder (``<run_root>/<name>``) and one section per stage."""
+
+    name: str = opt("demo", "the run's name: its outputs go to <run_root>/<name>")
+    run_root: str = opt("runs", "folder of the runs and of the caches they share (scores, quality bias)")
+    seed: int = opt(
+        0, "seed of the random retriever and of the retrieve.eval_limit / truthfulqa.limit subsets"
+    )
+    data: DataConfig = section_field(DataConfig)
+    models: ModelsConfig = section_field(ModelsConfig)
+    candidates: CandidatesConfig = section_field(CandidatesConfig)
+    scoring: ScoringConfig = section_field(ScoringConfig)
+    labels: LabelsConfig = section_field(LabelsConfig)
+    train: TrainConfig = section_field(TrainConfig)
+    retrieve: RetrieveConfig = section_field(RetrieveConfig)
+    generate: GenerateConfig = section_field(GenerateConfig)
+    ragsys: RagsysConfig = section_field(RagsysConfig)
+    truthfulqa: TruthfulQAConfig = section_field(TruthfulQAConfig)
+    server: ServerConfig = section_field(ServerConfig)
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.run_root) / self.name
+
+    def section(self, name: str) -> dict[str, Any]:
+        return dataclasses.asdict(getattr(self, name))
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
