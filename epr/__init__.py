@@ -2,13 +2,14 @@
 
 Where things live (each package's docstring says what it owns):
 
-- ground: ``types`` (errors, records), ``config`` (typed settings), ``artifacts`` (atomic files, fingerprints),
-  ``context`` (a run: config + folders), ``pipeline`` (the stage graph and the cache rule);
+- ground: ``types`` (errors, records), ``config`` (typed settings; ``epr config`` prints them with their help),
+  ``artifacts`` (atomic files, formats), ``cache`` (the cache rule: fingerprints, manifests, resumable chunks);
+- the run: ``context`` (config + folders), ``pipeline`` (the stage graph: what each stage's fingerprint hashes);
 - library: ``lm/`` (models, label scoring, score cache, generation, servers), ``retrieval/`` (BM25, faiss,
   retrievers, RAGSys, prompts), ``encoder/`` (dual encoder, losses, training loop), ``truthfulqa/``, ``reports/``
   (statistics, tables, machine line), ``tasks/`` (each dataset's quirks);
 - orchestration: ``stages/`` (one module per pipeline stage);
-- faces: ``api`` (``PromptRetriever``), ``shipping`` (save / load / hub), ``cli``, ``inspect_cmd``, ``integrations/``.
+- faces: ``api`` (``PromptRetriever``), ``shipping`` (save / load / hub), ``model_card``, ``cli``, ``inspect_cmd``, ``integrations/``.
 """
 
 from __future__ import annotations

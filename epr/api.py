@@ -20,7 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from epr.artifacts import fingerprint, read_jsonl, read_manifest
+from epr.artifacts import read_jsonl
+from epr.cache import fingerprint, read_manifest
 from epr.config import DataConfig, RagsysConfig, RetrieveConfig, config_from_dict
 from epr.encoder.data import demo_text
 from epr.encoder.model import DualEncoder

@@ -13,7 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from epr.artifacts import cached_digest, fingerprint, remove_stale_temps, stage_state, write_manifest
+from epr.artifacts import remove_stale_temps
+from epr.cache import cached_digest, fingerprint, stage_state, write_manifest
 from epr.context import Context
 from epr.lm.factory import scoring_key
 from epr.retrieval.ragsys import parse_retriever_name

@@ -51,7 +51,7 @@ def test_malformed_line_still_named_after_a_byte_order_mark(tmp_path):
 
 
 def test_chunk_store_resumes_and_never_serves_another_key_or_input(tmp_path):
-    from epr.artifacts import ChunkStore
+    from epr.cache import ChunkStore
 
     calls = []
 
@@ -83,7 +83,7 @@ def test_chunk_store_resumes_and_never_serves_another_key_or_input(tmp_path):
 
 
 def test_chunk_store_rejects_a_function_that_drops_rows(tmp_path):
-    from epr.artifacts import ChunkStore
+    from epr.cache import ChunkStore
 
     with pytest.raises(RuntimeError, match="gave 1 rows for 2 items"):
         ChunkStore(tmp_path, {}).map([1, 2], 2, lambda part: part[:1])

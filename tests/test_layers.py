@@ -19,6 +19,7 @@ RANKS = {
     "epr.types": 0,
     "epr.config": 0,
     "epr.artifacts": 0,
+    "epr.cache": 0,
     "epr.lm": 1,  # the library, bottom up
     "epr.encoder": 2,
     "epr.retrieval": 3,
@@ -30,6 +31,7 @@ RANKS = {
     "epr.stages": 7,
     "epr.api": 8,  # the faces
     "epr.shipping": 8,
+    "epr.model_card": 8,
     "epr.cli": 8,
     "epr.inspect_cmd": 8,
     "epr.integrations": 8,

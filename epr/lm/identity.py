@@ -21,8 +21,8 @@ def lm_name(models, inference: bool = False) -> str:
 def model_identity(name: str) -> dict:
     """What names a model's weights: the name, and for a local folder also a digest of the full content of its
     files (``files``), so a folder whose weights were replaced, even in place, is another model to every cache.
-    Each file is hashed once and remembered by path, size and modification time (``artifacts.cached_digest``)."""
-    from epr.artifacts import cached_digest
+    Each file is hashed once and remembered by path, size and modification time (``cache.cached_digest``)."""
+    from epr.cache import cached_digest
 
     p = Path(name)
     if not p.is_dir():

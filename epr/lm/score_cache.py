@@ -17,7 +17,8 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
-from epr.artifacts import atomic_write_text, fingerprint, remove_stale_temps
+from epr.artifacts import atomic_write_text, remove_stale_temps
+from epr.cache import fingerprint
 
 __all__ = ["ScoreCache", "pair_key", "cached_scores"]
 

@@ -7,7 +7,7 @@ scores (the local tokenizer of the same model counts and spells them). A server 
 log-probabilities is an error that says how to start one that does. Requests run ``server.concurrency`` at a time;
 429 / 5xx answers and refused or dropped connections are retried with exponential backoff (a ``Retry-After``
 header wins); what still fails raises :class:`ServerError` naming the server. The stages above keep what they
-finished (``epr.artifacts.ChunkStore`` chunks, the score cache), so the same command resumes once the server is
+finished (``epr.cache.ChunkStore`` chunks, the score cache), so the same command resumes once the server is
 back.
 
     server:

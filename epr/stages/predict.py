@@ -10,7 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
-from epr.artifacts import ChunkStore, read_jsonl, write_jsonl
+from epr.artifacts import read_jsonl, write_jsonl
+from epr.cache import ChunkStore
 from epr.context import Context
 from epr.lm.score_cache import cached_scores
 from epr.stages.retrieve import eval_examples

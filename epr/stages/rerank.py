@@ -13,7 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from epr.artifacts import ChunkStore, load_npy, prune_outputs, read_jsonl, save_npy, write_jsonl
+from epr.artifacts import load_npy, prune_outputs, read_jsonl, save_npy, write_jsonl
+from epr.cache import ChunkStore
 from epr.context import Context
 from epr.retrieval.ragsys import parse_retriever_name, rerank
 
@@ -23,7 +24,7 @@ log = logging.getLogger(__name__)
 def pool_quality(ctx: Context) -> np.ndarray:
     """``(len(pool),) float32`` quality bias of every pool demonstration under the inference LM (SPEC 3.2), in
     resumable chunks in the run root's cache (``.cache/quality/<key>``), shared with ``epr inspect``."""
-    from epr.artifacts import fingerprint
+    from epr.cache import fingerprint
     from epr.lm.factory import build_scorer, scoring_key
 
     task, pool = ctx.task, ctx.examples("pool")

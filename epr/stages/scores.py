@@ -1,7 +1,7 @@
 """Stage ``scores``: s(e_l) = log p(y | e_l, x) for every candidate of every labelled training example.
 
 Work is cut into chunks of ``scoring.chunk_size`` training examples. Chunk c is scored by process
-``c % world`` and written atomically to ``parts/`` (an ``epr.artifacts.ChunkStore``: a chunk is served again only
+``c % world`` and written atomically to ``parts/`` (an ``epr.cache.ChunkStore``: a chunk is served again only
 under the same fingerprint and for the same rankings); finished chunks are skipped on restart, so a killed run
 resumes and the merged ``scores.jsonl`` (sorted by query id) is byte-identical. A
 candidate sequence longer than the LM context gets score ``null``; it is logged and counted, and the
@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING
 
 from tqdm.auto import tqdm
 
-from epr.artifacts import ChunkStore, write_jsonl
+from epr.artifacts import write_jsonl
+from epr.cache import ChunkStore
 from epr.context import Context
 from epr.lm.factory import build_scorer, device_for_rank, score_cache
 from epr.lm.score_cache import ScoreCache

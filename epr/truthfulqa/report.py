@@ -11,7 +11,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from epr.artifacts import atomic_write_text, fingerprint, read_jsonl, read_manifest, write_jsonl
+from epr.artifacts import atomic_write_text, read_jsonl, write_jsonl
+from epr.cache import fingerprint, read_manifest
 from epr.truthfulqa import sets as tqa
 from epr.truthfulqa import stats as ts
 

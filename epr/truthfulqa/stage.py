@@ -7,7 +7,7 @@
 - ``tqa_report`` (``epr.truthfulqa.report``): the metrics with bootstrap intervals, paired differences against
   Fix and Rel, the paper's findings, the sweep table and the plots.
 
-Log-probs and quality biases live in resumable :class:`~epr.artifacts.ChunkStore` chunks under
+Log-probs and quality biases live in resumable :class:`~epr.cache.ChunkStore` chunks under
 ``<run_root>/.cache/truthfulqa/``, keyed by the data version and the LM's identity, resolved dtype and device, with the
 exact prompts and answers as each chunk's inputs: another version, LM or dtype recomputes, a changed sweep reuses
 every set already scored, and a killed run resumes from its last finished chunk. Pure math: ``epr.truthfulqa.sets``.
@@ -20,13 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from epr.artifacts import (
-    ChunkStore,
-    atomic_write_text,
-    file_digest,
-    fingerprint,
-    write_jsonl,
-)
+from epr.artifacts import atomic_write_text, write_jsonl
+from epr.cache import ChunkStore, file_digest, fingerprint
 from epr.truthfulqa import report as _report
 from epr.truthfulqa import sets as tqa
 

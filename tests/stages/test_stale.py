@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from epr import artifacts, pipeline
+from epr import artifacts, cache, pipeline
 from epr.config import load_config
 from epr.context import Context
 
@@ -46,17 +46,17 @@ def test_digests_are_remembered_across_processes(tmp_path, monkeypatch):
     monkeypatch.setenv("EPR_CACHE", str(tmp_path / "cache"))
     f = tmp_path / "w.bin"
     f.write_bytes(os.urandom(1 << 16))
-    d = artifacts.cached_digest(f)
-    assert d == artifacts.file_digest(f)
+    d = cache.cached_digest(f)
+    assert d == cache.file_digest(f)
     store = json.loads((tmp_path / "cache" / "digests.json").read_text())
-    assert list(store.values()) == [artifacts.cached_digest(f, full=True)]
-    artifacts._DIGESTS.clear()  # a new process: the store answers, the file is not read again
+    assert list(store.values()) == [cache.cached_digest(f, full=True)]
+    cache._DIGESTS.clear()  # a new process: the store answers, the file is not read again
 
     def no_read(*a, **k):
         raise AssertionError("hashed again")
 
-    monkeypatch.setattr(artifacts.hashlib, "sha256", no_read)
-    assert artifacts.cached_digest(f) == d
+    monkeypatch.setattr(cache.hashlib, "sha256", no_read)
+    assert cache.cached_digest(f) == d
 
 
 # ---- the score cache: no write replaces another ----------------------------------------------------------------
@@ -90,7 +90,7 @@ def test_temp_files_of_a_killed_writer_are_removed(tmp_path):
     for f in [*stale, live]:
         f.write_text("half")
     (root / "chunk-000000.json").write_text("{}")
-    artifacts.ChunkStore(root, {"k": 1})  # the next run opens the store
+    cache.ChunkStore(root, {"k": 1})  # the next run opens the store
     assert not any(f.exists() for f in stale)
     assert live.exists() and (root / "KEY.json").exists()
 

@@ -286,7 +286,7 @@ def test_killed_score_stage_resumes_from_its_chunks(tmp_path, tqa_data, tiny_lm_
     calls["fail_at"] = None
     assert pipeline.run(ctx, until="tqa_report") == ["tqa_score", "tqa_report"]
     resumed = calls["take"]()["prompts"]
-    from epr.artifacts import read_manifest
+    from epr.cache import read_manifest
 
     distinct = read_manifest(ctx.stage_dir("tqa_score"))["rows"]["distinct_sets"]
     assert len(resumed) == 3 * distinct - 5  # the 5 questions of the finished chunks are not scored again
