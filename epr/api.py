@@ -64,6 +64,16 @@ class Selection:
     lambda_b: float = 1.0
     shortlist: int = 50
 
+    @classmethod
+    def split(cls, kwargs: dict, selection: Selection | None = None) -> tuple[Selection, dict]:
+        """(the selection settings among ``kwargs``, or ``selection``; the other keywords). Both at once is an
+        error."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        mine = {k: v for k, v in kwargs.items() if k in names}
+        if mine and selection is not None:
+            raise TypeError(f"pass selection= or {', '.join(mine)}, not both")
+        return selection or cls(**mine), {k: v for k, v in kwargs.items() if k not in names}
+
     def check(self, retriever: PromptRetriever) -> None:
         if self.lambda_b != 1.0 and retriever.quality is None:
             raise ValueError("lambda_b < 1 needs the pool's quality bias; this retriever has none")

@@ -33,6 +33,7 @@ from epr.config_sections import (
     ServerConfig,
     TrainConfig,
     TruthfulQAConfig,
+    parse_retriever_name,
     train_loss_weight,
     train_temperature,
 )
@@ -248,10 +249,14 @@ def _validate(cfg: ExperimentConfig) -> None:
         (cfg.train.teacher_temperature > 0, "train.teacher_temperature must be > 0"),
     ]
     for name in cfg.retrieve.retrievers:
-        base, *suffixes = name.split("+")
+        try:
+            base, div, bias = parse_retriever_name(name)
+        except ConfigError:
+            base, div, bias = None, False, False
+        suffixes = div or bias
         checks.append(
             (
-                base in RETRIEVERS and set(suffixes) <= {"div", "bias"},
+                base in RETRIEVERS,
                 f"retrieve.retrievers: unknown retriever {name!r}; known: {', '.join(RETRIEVERS)}, "
                 "with +div / +div+bias (RAGSys) after a dense one",
             )

@@ -7,7 +7,8 @@ import sys
 
 import numpy as np
 
-from epr.retrieval.ragsys import parse_retriever_name, rerank
+from epr.config import parse_retriever_name
+from epr.retrieval.ragsys import rerank_by_name
 from epr.retrieval.retrievers import DenseRetriever, make_retriever
 from epr.types import Example
 
@@ -37,16 +38,11 @@ def inspect_query(ctx, query: str, k: int = 5, out=sys.stdout) -> dict:
                 quality = pool_quality(ctx)
             assert isinstance(r, DenseRetriever)
             qe = r.query_embeddings([q])
-            ids = rerank(
-                qe,
-                r.pool_emb,
-                ids[None],
-                cfg.retrieve.max_demos,
-                cfg.ragsys.lambda_d if div else 1.0,
-                cfg.ragsys.lambda_b,
-                quality if bias else None,
-            )[0]
-            scores = r.pool_emb[ids] @ qe[0]
+            rs = cfg.ragsys
+            sel, sc = rerank_by_name(
+                name, qe, r.pool_emb, ids[None], cfg.retrieve.max_demos, rs.lambda_d, rs.lambda_b, quality
+            )
+            ids, scores = sel[0], sc[0]
         prompt = make_prompt(q, ids)
         shown[name] = ids[:k].tolist()
         out.write(f"\n## {name}\n")

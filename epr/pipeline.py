@@ -15,9 +15,9 @@ from pathlib import Path
 
 from epr.artifacts import remove_stale_temps
 from epr.cache import cached_digest, fingerprint, stage_state, write_manifest
+from epr.config import parse_retriever_name
 from epr.context import Context
 from epr.lm.factory import scoring_key
-from epr.retrieval.ragsys import parse_retriever_name
 from epr.stages import candidates, data, encoder, evaluate, labels, predict, prompts, rerank, retrieve, scores
 from epr.truthfulqa import stage as tqa
 from epr.types import UpstreamError
@@ -54,13 +54,13 @@ def _examples_keys(ctx: Context) -> dict:
 
 
 def _retrieve_deps(ctx: Context) -> tuple[str, ...]:
-    firsts = {n.split("+")[0] for n in ctx.cfg.retrieve.retrievers}
+    firsts = {parse_retriever_name(n).base for n in ctx.cfg.retrieve.retrievers}
     return ("examples",) + tuple(d for d, r in (("encoder", "epr"), ("dr-bm25", "dr-bm25")) if r in firsts)
 
 
 def _retrieve_keys(ctx: Context) -> dict:
     cfg, rc = ctx.cfg, ctx.cfg.retrieve
-    firsts = list(dict.fromkeys(n.split("+")[0] for n in rc.retrievers))
+    firsts = list(dict.fromkeys(parse_retriever_name(n).base for n in rc.retrievers))
     keys = {
         "first_stages": firsts,
         "k": rc.k,

@@ -97,6 +97,21 @@ def test_own_csv_compare_with_ragsys_rows(tmp_path, minilm_dir, tiny_lm_dir):
     assert all(0.0 <= r["p_mcnemar"] <= 1.0 and 0.0 <= r["demo_overlap"] <= 1.0 for r in paired)
     q = np.load(tmp_path / "mine" / "rerank" / "quality_bias.npy")
     assert q.shape == (16,) and np.isfinite(q).all()  # one per pool demonstration, for the +bias row
+    # the RAGSys rows are Algorithm 1 (the reference MMR) over the first stage's shortlist with the run's lambdas:
+    # a stage that dropped diversity or the quality bias, or hard-coded a lambda, would not match
+    from ragsys import mmr_select_reference
+
+    first, rr, rs = tmp_path / "mine" / "retrieve", tmp_path / "mine" / "rerank", cfg.ragsys
+    qe, pe = np.load(first / "epr.query.npy"), np.load(first / "epr.pool.npy")
+    shortlists = [json.loads(x)["ids"] for x in (first / "epr.jsonl").open()]
+    for name, lam_d, qual in (("epr+div", rs.lambda_d, None), ("epr+div+bias", rs.lambda_d, q)):
+        rows = [json.loads(x) for x in (rr / f"{name}.jsonl").open()]
+        for i, (row, ids) in enumerate(zip(rows, shortlists)):
+            ids = np.array(ids)
+            want = mmr_select_reference(qe[i], pe[ids], None if qual is None else qual[ids], 3, lam_d,
+                                        rs.lambda_b if qual is not None else 1.0)  # fmt: skip
+            assert row["ids"] == ids[want].tolist(), (name, i)
+    assert rs.lambda_d < 1 and rs.lambda_b < 1  # the defaults (0.75, 0.95): both terms are in play
     # DR-BM25: its own encoder, trained on BM25-ranked labels of the same candidates, no LM scoring
     sub = tmp_path / "mine" / "dr-bm25"
     assert (sub / "encoder" / "model").exists() and not (sub / "scores").exists()

@@ -4,7 +4,7 @@ dspy passes demonstrations per call (``predictor(..., demos=[...])``); these giv
 our retriever picks for that call's input:
 
 - :class:`EPRPredict`: a ``dspy.Module`` around one ``dspy.Predict`` (any signature).
-- :class:`EPRFewShot`: an optimizer in the manner of ``dspy.KNNFewShot``: ``EPRFewShot(retriever, k).compile(program)``
+- :class:`EPRFewShot`: an optimizer in the manner of ``dspy.KNNFewShot``: ``EPRFewShot(retriever, k=4).compile(program)``
   returns a copy of ``program`` whose every predictor gets per-call demonstrations.
 
 Selection is :meth:`epr.api.PromptRetriever.select` (EPR's top-k, or RAGSys re-ranking with ``lambda_d`` /
@@ -39,12 +39,10 @@ class EPRDemos:
     def __init__(
         self,
         retriever: PromptRetriever,
-        k: int = 4,
-        lambda_d: float = 1.0,
-        lambda_b: float = 1.0,
-        shortlist: int = 50,
+        **selection: float,
     ):
-        self.retriever, self.selection = retriever, Selection(k, lambda_d, lambda_b, shortlist)
+        """``selection``: ``k``, ``lambda_d``, ``lambda_b``, ``shortlist`` (:class:`epr.api.Selection`)."""
+        self.retriever, self.selection = retriever, Selection(**selection)
         self.selection.check(retriever)
 
     def ids(self, query: str) -> list[int]:
@@ -80,18 +78,18 @@ class EPRPredict(dspy.Module):
         self,
         signature,
         retriever: PromptRetriever,
-        k: int = 4,
-        lambda_d: float = 1.0,
-        lambda_b: float = 1.0,
-        shortlist: int = 50,
         input_field: str | None = None,
         output_field: str | None = None,
-        **predict_config: Any,
+        selection: Selection | None = None,
+        **config: Any,
     ):
+        """``k``, ``lambda_d``, ``lambda_b``, ``shortlist`` (or ``selection=Selection(...)``) choose the
+        demonstrations; every other keyword goes to ``dspy.Predict``."""
         super().__init__()
+        sel, predict_config = Selection.split(config, selection)
         self.predict = dspy.Predict(signature, **predict_config)
         self.input_field, self.output_field = _fields(self.predict.signature, input_field, output_field)
-        self.demos = EPRDemos(retriever, k, lambda_d, lambda_b, shortlist)
+        self.demos = EPRDemos(retriever, **vars(sel))
 
     def _with_demos(self, kwargs: dict) -> dict:
         if "demos" not in kwargs:
@@ -115,13 +113,10 @@ class EPRFewShot(dspy.teleprompt.Teleprompter):
     def __init__(
         self,
         retriever: PromptRetriever,
-        k: int = 4,
-        lambda_d: float = 1.0,
-        lambda_b: float = 1.0,
-        shortlist: int = 50,
         fields: dict[str, tuple[str, str]] | None = None,
+        **selection: float,
     ):
-        self.demos = EPRDemos(retriever, k, lambda_d, lambda_b, shortlist)
+        self.demos = EPRDemos(retriever, **selection)
         self.fields = dict(fields or {})
 
     def compile(self, student, *, trainset: Sequence[dspy.Example] | None = None, **_ignored):

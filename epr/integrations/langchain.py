@@ -43,17 +43,15 @@ class EPRExampleSelector(BaseExampleSelector):
     def __init__(
         self,
         retriever: PromptRetriever,
-        k: int = 4,
-        lambda_d: float = 1.0,
-        lambda_b: float = 1.0,
-        shortlist: int = 50,
         input_keys: tuple[str, ...] = ("input",),
         output_key: str = "output",
         order: str = "best_last",
+        **selection: float,
     ):
+        """``selection``: ``k``, ``lambda_d``, ``lambda_b``, ``shortlist`` (:class:`epr.api.Selection`)."""
         if order not in ("best_last", "best_first"):
             raise ValueError(f"order={order!r}: best_last or best_first")
-        self.retriever, self.selection = retriever, Selection(k, lambda_d, lambda_b, shortlist)
+        self.retriever, self.selection = retriever, Selection(**selection)
         self.selection.check(retriever)
         self.input_keys, self.output_key, self.order = tuple(input_keys), output_key, order
 

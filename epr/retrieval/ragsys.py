@@ -13,23 +13,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["parse_retriever_name", "mean_logprob", "rerank"]
+from epr.config import parse_retriever_name
+
+__all__ = ["parse_retriever_name", "mean_logprob", "rerank", "rerank_by_name"]
 
 log = logging.getLogger(__name__)
-
-SUFFIXES = ("+div", "+bias")
-
-
-def parse_retriever_name(name: str) -> tuple[str, bool, bool]:
-    """``"epr+div+bias"`` -> ``("epr", True, True)``. Bias without diversity is written ``+div+bias`` with
-    ``ragsys.lambda_d = 1``; a bare ``+bias`` suffix is accepted too."""
-    base, div, bias = name, False, False
-    while base.endswith(SUFFIXES):
-        if base.endswith("+div"):
-            base, div = base[:-4], True
-        else:
-            base, bias = base[:-5], True
-    return base, div, bias
 
 
 def mean_logprob(scorer, contexts: Sequence[str], targets: Sequence[str]) -> np.ndarray:
@@ -62,3 +50,26 @@ def rerank(
         )
         out[i] = row[sel]
     return out
+
+
+def rerank_by_name(
+    name: str,
+    query_emb: np.ndarray,
+    pool_emb: np.ndarray,
+    ids: np.ndarray,
+    k: int,
+    lambda_d: float,
+    lambda_b: float,
+    quality: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """What a retriever name asks of its first stage's shortlist ``ids``: unchanged for a plain name; for ``+div``
+    MMR with ``lambda_d``; for ``+bias`` also the quality bias with ``lambda_b`` (``lambda_d`` is 1 without
+    ``+div``). Returns the selected ids and their relevance scores (inner products), best first: the one rule the
+    ``rerank`` stage and ``epr inspect`` follow."""
+    _, div, bias = parse_retriever_name(name)
+    if not (div or bias):
+        return ids, np.einsum("nkd,nd->nk", pool_emb[ids], query_emb)
+    if bias and quality is None:
+        raise ValueError(f"{name}: +bias needs the pool's quality bias")
+    sel = rerank(query_emb, pool_emb, ids, k, lambda_d if div else 1.0, lambda_b, quality if bias else None)
+    return sel, np.einsum("nkd,nd->nk", pool_emb[sel], query_emb)

@@ -10,11 +10,12 @@ from pathlib import Path
 import numpy as np
 
 from epr.artifacts import read_jsonl, write_jsonl
+from epr.config import parse_retriever_name
 from epr.context import Context
 from epr.reports.stats import PAPER, mean_ci
-from epr.retrieval.ragsys import parse_retriever_name
 from epr.retrieval.retrievers import ORACLES
 from epr.stages.retrieve import eval_examples
+from epr.types import UpstreamError
 
 log = logging.getLogger(__name__)
 
@@ -72,12 +73,31 @@ def retriever_result(task, name: str, ev: list, prompts: list[dict], preds: list
     return res, records
 
 
+def by_idx(path: Path, ev: list) -> list[dict]:
+    """The rows of an upstream file in the order of ``ev``, joined by ``idx`` (never by position): a file that
+    misses an example, repeats one or holds one that is not compared is an error naming the file and the ``idx``."""
+    rows: dict[int, dict] = {}
+    for r in read_jsonl(path, required=("idx",)):
+        if r["idx"] in rows:
+            raise UpstreamError(f"{path}: idx {r['idx']} appears twice; rerun the stage that wrote it")
+        rows[r["idx"]] = r
+    want = [e.idx for e in ev]
+    missing = [i for i in want if i not in rows]
+    extra = sorted(set(rows) - set(want))
+    if missing or extra:
+        raise UpstreamError(
+            f"{path}: does not hold the compared examples (missing idx {missing[:5]}, unexpected idx {extra[:5]}); "
+            "rerun the stage that wrote it"
+        )
+    return [rows[i] for i in want]
+
+
 def run_evaluate(ctx: Context, out: Path, fp: str) -> dict:
     from epr.reports import tables as report
 
     cfg, task, pool = ctx.cfg, ctx.task, ctx.examples("pool")
     ev = eval_examples(ctx)
-    empty = list(read_jsonl(ctx.stage_dir("predict") / "empty.jsonl"))
+    empty = by_idx(ctx.stage_dir("predict") / "empty.jsonl", ev)
     lp_empty = _arr(empty, "gold_logprob")
     per_query = [
         {"idx": e.idx, "input": e.input, "gold": e.output, "gold_logprob_empty": r["gold_logprob"]}
@@ -85,10 +105,8 @@ def run_evaluate(ctx: Context, out: Path, fp: str) -> dict:
     ]
     results = {}
     for name in cfg.retrieve.retrievers:
-        prompts = list(read_jsonl(ctx.stage_dir("prompts") / f"{name}.jsonl"))
-        preds = list(read_jsonl(ctx.stage_dir("predict") / f"{name}.jsonl"))
-        if [p["idx"] for p in preds] != [e.idx for e in ev]:
-            raise RuntimeError(f"evaluate: {name}'s predictions do not cover the compared examples in order")
+        prompts = by_idx(ctx.stage_dir("prompts") / f"{name}.jsonl", ev)
+        preds = by_idx(ctx.stage_dir("predict") / f"{name}.jsonl", ev)
         results[name], records = retriever_result(task, name, ev, prompts, preds, lp_empty)
         for row, rec in zip(per_query, records):
             row[name] = {**rec, "demo_inputs": [pool[i].input for i in rec["demos"][:3]]}

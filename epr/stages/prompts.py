@@ -1,5 +1,7 @@
 """Stage ``prompts``: each retriever's ranking fitted into the inference LM's budget (SPEC 2.5), counted in its
-own tokens. Writes ``<name>.jsonl`` rows ``{idx, text, demo_ids, n_tokens, status}`` for every retriever name."""
+own tokens. Writes ``<name>.jsonl`` rows ``{idx, text, demo_ids, demo_scores, n_tokens, status}`` for every
+retriever name: ``demo_scores`` are the retriever's (or the re-ranking's) scores of the demonstrations in the prompt,
+so "why was this demonstration chosen" is answered here (null where a retriever has no scores, e.g. random)."""
 
 from __future__ import annotations
 
@@ -31,11 +33,13 @@ def prompt_maker(ctx: Context, tok=None):
     return make
 
 
-def prompt_row(idx: int, p: Prompt) -> dict:
+def prompt_row(idx: int, p: Prompt, scores: dict[int, float] | None = None) -> dict:
+    scores = scores or {}
     return {
         "idx": idx,
         "text": p.text,
         "demo_ids": list(p.demo_ids),
+        "demo_scores": [scores.get(i) for i in p.demo_ids],
         "n_tokens": p.n_tokens,
         "status": p.status,
     }
@@ -50,7 +54,7 @@ def run_prompts(ctx: Context, out: Path, fp: str) -> dict:
         for r in read_jsonl(ctx.stage_dir("rerank") / f"{name}.jsonl"):
             p = make(ev[r["idx"]], r["ids"])
             bad += p.status != "ok"
-            rows.append(prompt_row(r["idx"], p))
+            rows.append(prompt_row(r["idx"], p, dict(zip(r["ids"], r.get("scores") or []))))
         write_jsonl(out / f"{name}.jsonl", rows)
     prune_outputs(out, [f"{name}.jsonl" for name in ctx.cfg.retrieve.retrievers])
     return {"rows": {"eval": len(ev), "retrievers": len(ctx.cfg.retrieve.retrievers), "prompt_problems": bad}}

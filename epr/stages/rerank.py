@@ -15,8 +15,9 @@ import numpy as np
 
 from epr.artifacts import load_npy, prune_outputs, read_jsonl, save_npy, write_jsonl
 from epr.cache import ChunkStore
+from epr.config import parse_retriever_name
 from epr.context import Context
-from epr.retrieval.ragsys import parse_retriever_name, rerank
+from epr.retrieval.ragsys import rerank_by_name
 
 log = logging.getLogger(__name__)
 
@@ -55,18 +56,13 @@ def run_rerank(ctx: Context, out: Path, fp: str) -> dict:
                 quality = pool_quality(ctx)
             ids = np.array([r["ids"] for r in rows], dtype=np.int64)
             q, p = load_npy(first / f"{base}.query.npy"), load_npy(first / f"{base}.pool.npy")
-            sel = rerank(
-                q,
-                p,
-                ids,
-                cfg.retrieve.max_demos,
-                cfg.ragsys.lambda_d if div else 1.0,
-                cfg.ragsys.lambda_b,
-                quality if bias else None,
+            rs = cfg.ragsys
+            sel, sc = rerank_by_name(
+                name, q, p, ids, cfg.retrieve.max_demos, rs.lambda_d, rs.lambda_b, quality
             )
             rows = [
-                {"idx": r["idx"], "ids": s.tolist(), "scores": [round(float(x), 6) for x in p[s] @ q[i]]}
-                for i, (r, s) in enumerate(zip(rows, sel))
+                {"idx": r["idx"], "ids": s.tolist(), "scores": [round(float(x), 6) for x in row]}
+                for r, s, row in zip(rows, sel, sc)
             ]
         write_jsonl(out / f"{name}.jsonl", rows)
     produced = [f"{name}.jsonl" for name in cfg.retrieve.retrievers]

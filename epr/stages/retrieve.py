@@ -12,9 +12,9 @@ import logging
 from pathlib import Path
 
 from epr.artifacts import prune_outputs, save_npy, write_jsonl
+from epr.config import parse_retriever_name
 from epr.context import Context
 from epr.reports.stats import eval_part, seeded_subset
-from epr.retrieval.ragsys import parse_retriever_name
 from epr.types import ConfigError, Example
 
 log = logging.getLogger(__name__)

@@ -100,7 +100,9 @@ def test_lm_oracle_reorders_bm25_oracle_candidates_by_lm_score(demo, all_retriev
             [task.format_target(q[i].output)] * 12,
         )
         np.testing.assert_allclose(got.scores[i], s, atol=1e-3)  # the scores returned are the LM's
-        assert np.all(np.diff(s) <= 1e-9)  # best LM score first
+        assert np.all(np.diff(got.scores[i]) <= 0)  # best LM score first
+        # (re-scored in other batches, fp32 sums differ by ~1e-4: near-ties may swap, nothing more)
+        assert np.all(np.diff(s) <= 2e-3)
 
 
 def test_prompt_never_exceeds_budget(demo):

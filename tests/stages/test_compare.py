@@ -74,6 +74,11 @@ def test_back_half_stages_and_what_each_setting_reruns(tmp_path, minilm_dir, tin
     for name in NAMES.split(","):  # rankings carry ids and the retriever's scores, best first
         for row in map(json.loads, (ctx.stage_dir("retrieve") / f"{name.split('+')[0]}.jsonl").open()):
             assert len(row["ids"]) == len(row["scores"]) == 8 and row["scores"] == sorted(row["scores"])[::-1]
+    for name in NAMES.split(","):  # prompt rows keep the scores of the demonstrations they hold
+        ranked = {r["idx"]: r for r in map(json.loads, (ctx.stage_dir("rerank") / f"{name}.jsonl").open())}
+        for p in map(json.loads, (ctx.stage_dir("prompts") / f"{name}.jsonl").open()):
+            want = dict(zip(ranked[p["idx"]]["ids"], ranked[p["idx"]]["scores"]))
+            assert p["demo_ids"] and p["demo_scores"] == [want[i] for i in p["demo_ids"]], name
     html = (ctx.stage_dir("evaluate") / "report.html").read_text()
     assert "<table>" in html and "<td>sbert+div+bias</td>" in html and "data:image/png;base64" in html
     assert pipeline.run(ctx, until="compare") == []

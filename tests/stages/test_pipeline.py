@@ -132,7 +132,7 @@ def test_scores_fingerprint_records_the_resolved_dtype(tmp_path, tiny_task_files
     One road: the model is loaded from the same spec the key is built from."""
     import torch
 
-    from epr.lm import factory
+    from epr.lm import identity as factory
     from epr.lm.factory import lm_spec, load, scoring_key
 
     ctx = make_ctx(tmp_path, tiny_task_files, tiny_lm_dir, "models.dtype=auto")
