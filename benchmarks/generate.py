@@ -38,6 +38,13 @@ ROOT = Path(__file__).resolve().parents[1]
 def mtop_prompts(n: int, data_dir: str) -> tuple[list[str], list[str]]:
     """The BM25 row's prompts for the first ``n`` of the MTOP curve's seeded evaluation examples, and the gold
     outputs."""
+    prompts, ev, task = mtop_examples(n, data_dir)
+    return prompts, [task.normalize(e.output) for e in ev]
+
+
+def mtop_examples(n: int, data_dir: str) -> tuple[list[str], list, object]:
+    """The BM25 row's prompts for the first ``n`` of the MTOP curve's seeded evaluation examples, the examples and
+    the task."""
     from epr.config import load_config
     from epr.context import Context
     from epr.pipeline import run_stage
@@ -54,8 +61,7 @@ def mtop_prompts(n: int, data_dir: str) -> tuple[list[str], list[str]]:
     pool, ev = ctx.examples("pool"), eval_examples(ctx)[:n]
     hits = make_retriever("bm25", pool, ctx.task, cfg).retrieve(ev, cfg.retrieve.k)
     make = prompt_maker(ctx)
-    gold = [ctx.task.normalize(e.output) for e in ev]
-    return [make(e, ids).text for e, ids in zip(ev, hits.ids)], gold
+    return [make(e, ids).text for e, ids in zip(ev, hits.ids)], ev, ctx.task
 
 
 def rss_mb() -> float:

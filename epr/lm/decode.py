@@ -204,21 +204,77 @@ class LeanDecoder:
     def generate_ids(self, prompts: Sequence[Sequence[int]]) -> list[list[int]]:
         """Each prompt's generated ids, up to and including the token that completed the stop string (an
         end-of-sequence token is not kept), at most ``max_new_tokens``."""
+        return self.generate_and_score(prompts)[0]
+
+    @torch.inference_mode()
+    def generate_and_score(
+        self, prompts: Sequence[Sequence[int]], golds: Sequence[Sequence[int]] | None = None
+    ) -> tuple[list[list[int]], np.ndarray | None]:
+        """:meth:`generate_ids`, and with ``golds`` also each gold continuation's summed log-prob after its prompt,
+        read off the same prefill (the gold tokens run over the prompt's cached keys and values before decoding
+        starts): ``log p(gold | prompt)`` as the scorer computes it, without a second pass over the prompt. NaN
+        where prompt + gold exceed the model's context."""
         out: list[list[int]] = [[] for _ in prompts]
-        if self.max_new_tokens <= 0:
-            return out
-        need = [len(p) + self.max_new_tokens for p in prompts]
+        lps = None if golds is None else np.full(len(prompts), np.nan)
+        if golds is not None and len(golds) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(golds)} gold continuations")
+        if golds is not None and any(len(g) == 0 for g in golds):
+            raise ValueError("a gold continuation has no tokens")
+        if self.max_new_tokens <= 0 and golds is None:
+            return out, lps
+        extra = [
+            max(self.max_new_tokens, len(golds[i]) if golds is not None else 0) for i in range(len(prompts))
+        ]
+        need = [len(p) + e for p, e in zip(prompts, extra)]
         for batch in length_batches(need, self.max_rows, self.cache_tokens):
-            for i, ids in zip(batch, self._batch([prompts[i] for i in batch])):
-                out[i] = ids
+            g = None if golds is None else [golds[i] for i in batch]
+            ids, lp = self._batch([prompts[i] for i in batch], g)
+            for j, i in enumerate(batch):
+                out[i] = ids[j]
+                if lps is not None:
+                    lps[i] = lp[j]
         release_free_memory()
-        return out
+        return out, lps
 
     def _logits_argmax(self, h: torch.Tensor) -> torch.Tensor:
         """Greedy next token from final-normed hidden states ``(B, H)`` (first index on ties, as ``argmax``)."""
         return self.head(h).argmax(-1)
 
-    def _batch(self, prompts: list[Sequence[int]]) -> list[list[int]]:
+    def _gold_logprobs(self, cache: _Cache, last: torch.Tensor, lens, P: int, golds) -> np.ndarray:
+        """Summed log-probs of each row's gold tokens after its prompt: the first from the prompt's last hidden
+        state ``last (B, H)`` (final-normed), the rest from the gold tokens run over the cached prompt (slots from
+        ``P``; decoding overwrites them later, and they are never marked valid)."""
+        fast, dev = self.fast, self.device
+        B = len(golds)
+        first = torch.tensor([g[0] for g in golds], device=dev)
+        lp0 = torch.log_softmax(self.head(last).float(), -1).gather(1, first[:, None])[:, 0].double()
+        out = lp0.cpu().numpy()
+        G = max(len(g) for g in golds) - 1  # tokens that run: every gold token but the last
+        if G > 0:
+            pad = self.tok.pad_token_id or 0
+            ids = torch.full((B, G), pad, dtype=torch.long, device=dev)
+            for r, g in enumerate(golds):
+                ids[r, : len(g) - 1] = torch.as_tensor(g[:-1], dtype=torch.long)
+            j = torch.arange(G, device=dev)
+            causal = j[None, :] <= j[:, None]  # (G, G): gold query i sees gold keys <= i
+            mask = torch.cat(
+                [cache.valid[:, None, :P].expand(B, G, P), causal[None].expand(B, G, G)], dim=-1
+            )[:, None]  # (B, 1, G, P + G)
+            h = fast.stack(ids, lens[:, None] + j[None], cache.attend(fast, P, P + G, mask), final_norm=True)
+            rows = torch.cat([torch.full((len(g) - 1,), r) for r, g in enumerate(golds)]).to(dev)
+            cols = torch.cat([torch.arange(len(g) - 1) for g in golds]).to(dev)
+            labels = torch.cat([torch.as_tensor(g[1:], dtype=torch.long) for g in golds]).to(dev)
+            if len(labels):
+                lp = torch.log_softmax(self.head(h[rows, cols]).float(), -1).gather(1, labels[:, None])[:, 0]
+                sums = torch.zeros(B, dtype=torch.float64, device=dev).index_add_(0, rows, lp.double())
+                out = out + sums.cpu().numpy()
+        limit = getattr(self.model.config, "max_position_embeddings", None)
+        if limit:
+            too_long = (lens.cpu().numpy() + np.array([len(g) for g in golds])) > limit
+            out[too_long] = np.nan
+        return out
+
+    def _batch(self, prompts: list[Sequence[int]], golds=None) -> tuple[list[list[int]], np.ndarray | None]:
         fast, dev = self.fast, self.device
         B = len(prompts)
         lens = torch.tensor([len(p) for p in prompts], dtype=torch.long, device=dev)
@@ -226,13 +282,15 @@ class LeanDecoder:
             raise ValueError("an empty prompt (no tokens) cannot be continued")
         P = int(lens.max())
         dtype = fast.final_w.dtype
-        cache = _Cache(len(fast.layers), B, fast.Hkv, P + self.max_new_tokens, fast.D, dtype, dev)
+        G = 0 if golds is None else max(len(g) for g in golds)
+        cache = _Cache(len(fast.layers), B, fast.Hkv, P + max(self.max_new_tokens, G), fast.D, dtype, dev)
         cache.valid[:, :P] = torch.arange(P, device=dev)[None] < lens[:, None]
         st = self.stats
         st["prompts"] += B
         st["prompt_tokens"] += int(lens.sum())
         # prefill in slices of at most max_tokens padded tokens, each into its rows of the group's cache
         nxt = torch.empty(B, dtype=torch.long, device=dev)
+        last_h = None if golds is None else torch.empty(B, fast.final_w.shape[0], dtype=dtype, device=dev)
         for sl in length_batches(lens.tolist(), B, self.max_tokens):
             lo, hi = min(sl), max(sl) + 1  # the group is sorted by length: a slice is a contiguous run
             Ps = int(lens[lo:hi].max())
@@ -246,8 +304,13 @@ class LeanDecoder:
                 cache.attend(fast, 0, Ps, None, lo, hi),
                 final_norm=False,
             )
-            last = h[torch.arange(hi - lo, device=dev), lens[lo:hi] - 1]
-            nxt[lo:hi] = self._logits_argmax(fast.final_norm(last))
+            last = fast.final_norm(h[torch.arange(hi - lo, device=dev), lens[lo:hi] - 1])
+            nxt[lo:hi] = self._logits_argmax(last)
+            if last_h is not None:
+                last_h[lo:hi] = last
+        lps = None if golds is None else self._gold_logprobs(cache, last_h, lens, P, golds)
+        if self.max_new_tokens <= 0:
+            return [[] for _ in range(B)], lps
 
         rows = list(range(B))  # batch position of each cache row
         gen: list[list[int]] = [[] for _ in range(B)]
@@ -283,4 +346,4 @@ class LeanDecoder:
             st["decode_rows"] += len(rows)
             h = fast.stack(nxt[:, None], pos, cache.attend(fast, slot, slot + 1, mask), final_norm=True)
             nxt = self._logits_argmax(h[:, 0])
-        return gen
+        return gen, lps

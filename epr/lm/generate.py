@@ -72,6 +72,22 @@ class Generator:
         gen = self.lean.generate_ids(ids)
         return [self._cut(self.tok.decode(g, skip_special_tokens=True)) for g in gen]
 
+    def generate_with_gold(
+        self, prompts: Sequence[str], golds: Sequence[str]
+    ) -> tuple[list[str], list[float]]:
+        """:meth:`generate`, and ``log p(gold | prompt)`` of each gold answer from the same prefill (the lean decoder
+        only: ``self.engine == "lean"``). Equal to ``LMScorer.score(prompts, golds)`` within float rounding."""
+        if self.lean is None:
+            raise ValueError(
+                "the gold log-prob in the generation pass needs the lean decoder (engine lean/auto)"
+            )
+        if not prompts:
+            return [], []
+        ids = self.tok(list(prompts))["input_ids"]
+        gold = self.tok(list(golds), add_special_tokens=False)["input_ids"]
+        gen, lps = self.lean.generate_and_score(ids, gold)
+        return [self._cut(self.tok.decode(g, skip_special_tokens=True)) for g in gen], lps.tolist()
+
     @torch.inference_mode()
     def generate_hf(self, prompts: Sequence[str]) -> list[str]:
         """``transformers``' greedy ``generate``: prompts length-sorted into left-padded batches."""

@@ -1,7 +1,12 @@
 """Stage ``predict``: the inference LM on every prompt. For each retriever name, greedy generation (in resumable
 chunks keyed by the generation settings and the LM's identity, dtype and device: never served for another LM or
 setting) and log p(gold answer | prompt); and once, log p(gold answer | no demonstrations). Writes ``<name>.jsonl``
-rows ``{idx, prediction, gold_logprob}`` and ``empty.jsonl``."""
+rows ``{idx, prediction, gold_logprob}`` and ``empty.jsonl``.
+
+With the lean decoder the gold log-prob is read off the generation's own prefill (``Generator.generate_with_gold``:
+the prompt runs once for both; equal to the scorer's within float rounding, tested) and kept with the predictions in
+the same resumable chunks; otherwise (transformers' generate, a served LM) the scorer computes it, through the
+shared score cache."""
 
 from __future__ import annotations
 
@@ -38,16 +43,30 @@ def run_predict(ctx: Context, out: Path, fp: str) -> dict:
     cache = score_cache(cfg, inference=True)
     lp_empty = gold_logprob(scorer, cache, task, [task.format_query(e.input) for e in ev], ev)
     write_jsonl(out / "empty.jsonl", [{"idx": e.idx, "gold_logprob": _num(v)} for e, v in zip(ev, lp_empty)])
+    same_pass = getattr(gen, "engine", None) == "lean"
     key = {"generate": cfg.section("generate"), "stop": task.stop, **lm_key(cfg, inference=True)}
+    if same_pass:
+        key["gold_in_generation"] = True  # chunks hold [prediction, gold log-prob]
     by_idx = {e.idx: e for e in ev}
     for name in cfg.retrieve.retrievers:
         prompts = list(read_jsonl(ctx.stage_dir("prompts") / f"{name}.jsonl"))
         texts = [p["text"] for p in prompts]
-        lp = gold_logprob(scorer, cache, task, texts, [by_idx[p["idx"]] for p in prompts])
         store = ChunkStore(out / "parts" / name, key)
-        preds = store.map(
-            texts, cfg.generate.chunk_size, gen.generate, desc=f"generate [{name}]", unit="prompt"
-        )
+        if same_pass:
+            items = [[t, task.format_target(by_idx[p["idx"]].output)] for t, p in zip(texts, prompts)]
+
+            def both(part):
+                ys, lps = gen.generate_with_gold([t for t, _ in part], [g for _, g in part])
+                return [[y, _num(v)] for y, v in zip(ys, lps)]
+
+            got = store.map(items, cfg.generate.chunk_size, both, desc=f"generate [{name}]", unit="prompt")
+            preds = [y for y, _ in got]
+            lp = np.array([np.nan if v is None else v for _, v in got])
+        else:
+            lp = gold_logprob(scorer, cache, task, texts, [by_idx[p["idx"]] for p in prompts])
+            preds = store.map(
+                texts, cfg.generate.chunk_size, gen.generate, desc=f"generate [{name}]", unit="prompt"
+            )
         rows = [
             {"idx": p["idx"], "prediction": y, "gold_logprob": _num(v)} for p, y, v in zip(prompts, preds, lp)
         ]

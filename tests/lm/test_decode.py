@@ -228,3 +228,34 @@ def test_freed_memory_is_given_back_without_error():
     from epr.lm.decode import release_free_memory
 
     release_free_memory()  # glibc's malloc_trim; a no-op elsewhere, never raises
+
+
+@pytest.mark.parametrize("max_new,rows,prefill", [(24, 3, 40), (24, 64, 100000), (2, 5, 60), (0, 4, 80)])
+def test_gold_logprob_in_the_generation_pass_equals_the_scorer(tiny_smol, max_new, rows, prefill):
+    """``log p(gold | prompt)`` read off the generation's prefill equals the scorer's, for golds shorter and longer
+    than the generation, in many groups and slices, with rows dropped while decoding; the predictions are those of
+    plain generation. Negative control: another gold per prompt gives other values."""
+    from epr.lm.scoring import LMScorer
+
+    model, tok = tiny_smol
+    prompts = _prompts(40, seed=3)
+    rng = np.random.default_rng(4)
+    words = "lights kitchen alarm music queen weather on off".split()
+    golds = [" " + " ".join(rng.choice(words, int(rng.integers(1, 30)))) for _ in prompts]
+    g = Generator(model, tok, max_new, stop="\n", engine="lean", decode_rows=rows, prefill_tokens=prefill)
+    preds, lps = g.generate_with_gold(prompts, golds)
+    ref = LMScorer(model, tok).score(prompts, golds)
+    np.testing.assert_allclose(lps, ref, atol=2e-4, rtol=0)
+    assert preds == g.generate(prompts)
+    _, other = g.generate_with_gold(prompts, golds[1:] + golds[:1])
+    assert np.abs(np.array(other) - ref).max() > 0.1
+
+
+def test_gold_in_the_generation_pass_is_nan_past_the_context_and_refuses_hf(tiny_smol):
+    model, tok = tiny_smol
+    g = Generator(model, tok, 4, stop="\n", engine="lean")
+    long_gold = " on" * 600  # prompt + gold > max_position_embeddings (512)
+    _, lps = g.generate_with_gold(["turn on:", "play music:"], [long_gold, " queen"])
+    assert np.isnan(lps[0]) and np.isfinite(lps[1])
+    with pytest.raises(ValueError, match="lean decoder"):
+        Generator(model, tok, 4, stop="\n", engine="hf").generate_with_gold(["a:"], [" b"])

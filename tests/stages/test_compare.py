@@ -23,16 +23,22 @@ def counted(monkeypatch):
 
     calls = {"generate": 0, "quality": 0}
     real_gen, real_q = Generator.generate, epr.retrieval.ragsys.mean_logprob
+    real_both = Generator.generate_with_gold
 
     def gen(self, prompts):
         calls["generate"] += len(prompts)
         return real_gen(self, prompts)
+
+    def both(self, prompts, golds):  # the lean decoder's path: generation and gold log-prob in one pass
+        calls["generate"] += len(prompts)
+        return real_both(self, prompts, golds)
 
     def q(scorer, contexts, targets):
         calls["quality"] += len(contexts)
         return real_q(scorer, contexts, targets)
 
     monkeypatch.setattr(Generator, "generate", gen)
+    monkeypatch.setattr(Generator, "generate_with_gold", both)
     monkeypatch.setattr(epr.retrieval.ragsys, "mean_logprob", q)
     return calls
 

@@ -214,24 +214,26 @@ def test_killed_predict_resumes_with_the_same_predictions(
 
     ctx = make_ctx(tmp_path / "b", tiny_task_files, tiny_lm_dir, *sets)
     pipeline.run(ctx, until="prompts")
-    real = Generator.generate
+    real = Generator.generate_with_gold  # the lean decoder: predictions and gold log-probs in one pass
     calls = {"n": 0, "engines": set()}
 
-    def dying(self, prompts):
+    def dying(self, prompts, golds):
         calls["n"] += 1
         calls["engines"].add(self.engine)
         if calls["n"] == 4:
             raise KeyboardInterrupt("killed")
-        return real(self, prompts)
+        return real(self, prompts, golds)
 
-    monkeypatch.setattr(Generator, "generate", dying)
+    monkeypatch.setattr(Generator, "generate_with_gold", dying)
     with pytest.raises(KeyboardInterrupt):
         pipeline.run_stage(ctx, "predict")
     assert calls["engines"] == {"lean"}  # the Llama test model takes the lean decoder
     assert pipeline.status(ctx)["predict"] == "missing"
     calls["n"] = -100
     monkeypatch.setattr(
-        Generator, "generate", lambda self, p: (calls.__setitem__("n", calls["n"] + 1), real(self, p))[1]
+        Generator,
+        "generate_with_gold",
+        lambda self, p, g: (calls.__setitem__("n", calls["n"] + 1), real(self, p, g))[1],
     )
     pipeline.run_stage(ctx, "predict")
     assert calls["n"] == -100 + 3  # 6 eval rows in chunks of 2 per retriever: 3 of the 6 chunks were done
