@@ -145,3 +145,33 @@ def test_every_module_is_placed_in_a_layer():
 def test_no_module_grows_past_what_one_person_holds_in_mind(name):
     n = len(modules()[name].read_text(encoding="utf-8").splitlines())
     assert n <= MAX_LINES, f"{name}: {n} lines (> {MAX_LINES}): split it by concern"
+
+
+def test_old_module_paths_still_import_for_one_release_with_a_warning():
+    """``epr.models``, ``epr.train``, ... (before the packages) are the moved modules themselves, with a
+    DeprecationWarning; ``epr.encoder`` / ``epr.truthfulqa`` (once modules, now packages) still give their old
+    names."""
+    import importlib
+    import sys
+    import warnings
+
+    from epr._moved import MOVED
+
+    for old, new in MOVED.items():
+        sys.modules.pop(f"epr.{old}", None)
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            mod = importlib.import_module(f"epr.{old}")
+        assert mod is importlib.import_module(f"epr.{new}"), old
+        assert any(
+            issubclass(x.category, DeprecationWarning) and f"epr.{new}" in str(x.message) for x in w
+        ), old
+    with pytest.warns(DeprecationWarning, match="epr.encoder.model.DualEncoder"):
+        from epr.encoder import DualEncoder
+    from epr.encoder.model import DualEncoder as new
+
+    assert DualEncoder is new
+    with pytest.warns(DeprecationWarning, match="epr.truthfulqa.sets.load_tqa"):
+        from epr.truthfulqa import load_tqa  # noqa: F401
+    with pytest.raises(ImportError):
+        from epr.encoder import NoSuchName  # noqa: F401
