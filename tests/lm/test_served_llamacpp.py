@@ -135,16 +135,16 @@ def test_generation_through_the_server(server, lm32):
     assert sum(a == b for a, b in zip(got, want)) >= len(want) // 2, (got, want)  # greedy, up to kernel noise
 
 
-def readme_config() -> str:
-    """The served-LM config the README shows (configs/served.yaml, the same text)."""
-    text = (ROOT / "README.md").read_text()
+def documented_config() -> str:
+    """The served-LM config docs/serving.md shows (configs/served.yaml, the same text)."""
+    text = (ROOT / "docs" / "serving.md").read_text()
     block = re.search(r"```yaml\n(# configs/served\.yaml\n.*?)```", text, re.S).group(1)
     assert block == (ROOT / "configs" / "served.yaml").read_text()
     return block
 
 
 def test_a_dying_server_gives_a_clear_error_and_the_run_resumes(server, lm32, tmp_path, monkeypatch):
-    """The README's served config, the demo's scores stage in 4 chunks: the server is killed after 2, the run
+    """The served config of docs/serving.md, the demo's scores stage in 4 chunks: the server is killed after 2, the run
     stops with an error that says what to do, and the same command finishes once the server is back, scoring only
     the chunks that were missing."""
     import yaml
@@ -158,7 +158,7 @@ def test_a_dying_server_gives_a_clear_error_and_the_run_resumes(server, lm32, tm
     from epr.stages import scores as scores_stage
 
     cfg_file = tmp_path / "served.yaml"
-    served = yaml.safe_load(readme_config())
+    served = yaml.safe_load(documented_config())
     served["server"]["base_url"] = server.url
     cfg_file.write_text(yaml.safe_dump(served))
     sets = [
