@@ -36,6 +36,7 @@ bench:
 	$(PY) -m benchmarks.scoring
 	$(PY) -m benchmarks.forward
 	$(PY) -m benchmarks.generate
+	$(PY) -m benchmarks.predict
 	$(PY) -m benchmarks.truthfulqa
 	$(PY) -m benchmarks.retrieval
 	$(PY) -m benchmarks.training
