@@ -257,12 +257,18 @@ def main() -> None:
 
     rows = []
     for name, r in runs.items():
-        tok_s = (r.get("prompt_tokens", 0) + r.get("generated_tokens", 0)) / r["seconds"]
         frac = f"{r['fraction_of_limit']:.2f}" if "fraction_of_limit" in r else ""
-        rss = r.get("rss_mb_after_chunk") or [0]
+        if (
+            name == "serve"
+        ):  # the server counts its own tokens and holds the model: not measured by the client
+            tok_s, peak, over = "", "", "(in the server)"
+        else:
+            tok_s = f"{(r['prompt_tokens'] + r['generated_tokens']) / r['seconds']:.0f}"
+            rss = r["rss_mb_after_chunk"]
+            peak, over = f"{r['peak_rss_mb']:.0f}", f"{rss[0]:.0f} → {rss[-1]:.0f}"
         rows.append(
-            f"| {name} | {r['n']} | {r['seconds']:.1f} | {r['n'] / r['seconds']:.2f} | {tok_s:.0f} | "
-            f"{100 * r['em']:.1f} | {r['peak_rss_mb']:.0f} | {rss[0]:.0f} → {rss[-1]:.0f} | {frac} |"
+            f"| {name} | {r['n']} | {r['seconds']:.1f} | {r['n'] / r['seconds']:.2f} | {tok_s} | "
+            f"{100 * r['em']:.1f} | {peak} | {over} | {frac} |"
         )
     lims = "\n".join(
         f"- {d}: matmul peak {runs[f'lean-{d}']['limits']['matmul_tflops']:.2f} TFLOP/s, memory "
@@ -291,6 +297,7 @@ process, one after another. `python -m benchmarks.generate {" ".join(sys.argv[1:
 {chr(10).join(rows)}
 
 {sp}
+{"- serve: `epr serve` (llama.cpp, the packaged Q4_1 weights: its own arithmetic, not fp32), one client process sending 2 requests at a time." if "serve" in runs else ""}
 
 Limits measured in the same run:
 {lims}
