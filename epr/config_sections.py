@@ -144,6 +144,16 @@ class CandidatesConfig:
     backend: str = opt("bm25s", "BM25 implementation", ("bm25s", "rank_bm25"))
     num_queries: int | None = opt(None, "label only N pool examples (seeded subset); null: all")
     query_seed: int = opt(0, "seed of the candidates.num_queries subset")
+    miner: str = opt(
+        "bm25",
+        "who mines the L candidates: bm25 (EPR: over candidates.view) | retriever (iterative re-mining, UDR / "
+        "LLM-R: the trained encoder of candidates.mine_run, query tower on x, prompt tower on the pool)",
+        ("bm25", "retriever"),
+    )
+    mine_run: str | None = opt(
+        None,
+        "miner=retriever: the run folder whose trained encoder mines (round r); this run is round r + 1",
+    )
 
 
 @dataclass(frozen=True)

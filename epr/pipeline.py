@@ -53,6 +53,15 @@ def _examples_keys(ctx: Context) -> dict:
     return keys
 
 
+def _candidates_keys(ctx: Context) -> dict:
+    sec = ctx.cfg.section("candidates")
+    miner, _ = sec.pop("miner"), sec.pop("mine_run")  # BM25 (round 1) keys stay as they were before re-mining
+    keys = {"candidates": sec, "query_order": "nested-permutation"}
+    if miner == "retriever":  # which encoder mined, and the round; not where its run folder lives
+        keys["mined_by"] = candidates.miner_identity(ctx.cfg)
+    return keys
+
+
 def _retrieve_deps(ctx: Context) -> tuple[str, ...]:
     firsts = {parse_retriever_name(n).base for n in ctx.cfg.retrieve.retrievers}
     return ("examples",) + tuple(d for d, r in (("encoder", "epr"), ("dr-bm25", "dr-bm25")) if r in firsts)
@@ -132,12 +141,7 @@ STAGES: dict[str, Stage] = {
     s.name: s
     for s in [
         Stage("examples", _const(), _examples_keys, data.run_examples),
-        Stage(
-            "candidates",
-            _const("examples"),
-            lambda c: {"candidates": c.cfg.section("candidates"), "query_order": "nested-permutation"},
-            candidates.run_candidates,
-        ),
+        Stage("candidates", _const("examples"), _candidates_keys, candidates.run_candidates),
         Stage(
             "scores",
             _const("candidates"),

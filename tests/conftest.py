@@ -67,6 +67,11 @@ def write_rows(path: Path, rows: list[dict]) -> Path:
 @pytest.fixture
 def tiny_task_files(tmp_path) -> Path:
     """24 pool + 6 eval rows of a toy parser in the demo task's layout (the eval rows' verb is not in the pool)."""
+    return write_tiny_task(tmp_path)
+
+
+def write_tiny_task(tmp_path: Path) -> Path:
+    """The files of :func:`tiny_task_files` in ``tmp_path``."""
     verbs = ["turn on", "turn off", "dim", "check", "toggle"]
     rooms = ["kitchen", "garage", "office", "attic", "porch", "den"]
     rows = [

@@ -1,8 +1,15 @@
-"""Stage ``candidates``: for each labelled training example, L candidates from the pool by BM25.
+"""Stage ``candidates``: for each labelled training example, L candidates from the pool by BM25 (round 1) or by a
+trained retriever (iterative re-mining, round r + 1).
 
 The default view searches the *outputs* (query y, corpus all y_j), as EPR does. The example itself is
 excluded by id. Which training examples get labelled: all, or the first ``num_queries`` of a seeded permutation
 (nested: a larger set contains the smaller ones).
+
+Re-mining (``candidates.miner: retriever``, UDR / LLM-R): the trained dual encoder of ``candidates.mine_run``
+retrieves each labelled example's L candidates (query tower on its input, prompt tower on the pool), so the LM
+scores the demonstrations the retriever now believes in, and the next training round sees its own mistakes as
+hard negatives. The round-r encoder's fingerprint and the round number are part of this stage's key; the scores
+stage then scores only the pairs the run root's score cache does not already hold.
 """
 
 from __future__ import annotations
@@ -11,7 +18,10 @@ import logging
 
 import numpy as np
 
+from pathlib import Path
+
 from epr.artifacts import write_jsonl
+from epr.cache import read_manifest
 from epr.context import Context
 from epr.retrieval.bm25 import BM25Index
 from epr.types import Example, Ranking
@@ -47,11 +57,61 @@ def mine(
     ]
 
 
+def mine_run_dir(cfg) -> Path:
+    """The round-r run folder of ``candidates.mine_run``: a path, else a run name under ``run_root``."""
+    p = Path(cfg.candidates.mine_run)
+    if not p.exists() and (Path(cfg.run_root) / p).exists():
+        p = Path(cfg.run_root) / p
+    return p
+
+
+def miner_identity(cfg) -> dict:
+    """What re-mined candidates come from: the round-r encoder's stage fingerprint (``None`` while it is not
+    trained: the stage then refuses to run) and this round's number (round r's + 1; BM25 candidates are round 1)."""
+    d = mine_run_dir(cfg)
+    enc, cand = read_manifest(d / "encoder"), read_manifest(d / "candidates")
+    prev = (cand or {}).get("round", 1)
+    return {"encoder": None if enc is None else enc.get("fingerprint"), "round": prev + 1}
+
+
+def mine_with_retriever(ctx: Context, qids: np.ndarray) -> tuple[list[Ranking], int]:
+    """L candidates per labelled example from the trained encoder of ``candidates.mine_run`` (itself excluded)."""
+    from epr.retrieval.retrievers import make_retriever
+    from epr.types import UpstreamError
+
+    cfg, pool = ctx.cfg, ctx.examples("pool")
+    d = mine_run_dir(cfg)
+    ident = miner_identity(cfg)
+    if ident["encoder"] is None or not (d / "encoder" / "model").exists():
+        raise UpstreamError(
+            f"candidates.mine_run={cfg.candidates.mine_run}: no trained encoder in {d / 'encoder'}; train that "
+            "run first (epr run --until encoder with its config)"
+        )
+    mine_ex, my_ex = read_manifest(d / "examples"), read_manifest(ctx.stage_dir("examples"))
+    if (mine_ex or {}).get("fingerprint") != (my_ex or {}).get("fingerprint"):
+        raise UpstreamError(
+            f"candidates.mine_run={cfg.candidates.mine_run}: its pool ({d / 'examples'}) is not this run's "
+            f"({ctx.stage_dir('examples')}); the encoder's ids would point at other examples"
+        )
+    r = make_retriever("epr", pool, ctx.task, cfg, str(d / "encoder" / "model"))
+    hits = r.retrieve([pool[int(q)] for q in qids], cfg.candidates.L, exclude=qids)
+    rankings = [
+        Ranking(int(q), i.tolist(), [round(float(s), 5) for s in sc])
+        for q, i, sc in zip(qids, hits.ids, hits.scores)
+    ]
+    return rankings, ident["round"]
+
+
 def run_candidates(ctx: Context, out, fp: str) -> dict:
     c = ctx.cfg.candidates
     pool = ctx.examples("pool")
     qids = query_ids(len(pool), c.num_queries, c.query_seed)
-    rankings = mine(pool, qids, c.L, c.view, c.backend)
+    if c.miner == "retriever":
+        rankings, rnd = mine_with_retriever(ctx, qids)
+        how = f"the trained encoder of {c.mine_run}"
+    else:
+        rankings, rnd = mine(pool, qids, c.L, c.view, c.backend), 1
+        how = f"{c.backend} over {c.view}"
     n = write_jsonl(out / "candidates.jsonl", rankings)
-    log.info("candidates: %d queries x L=%d (%s over %s)", n, c.L, c.backend, c.view)
-    return {"rows": {"queries": n}}
+    log.info("candidates (round %d): %d queries x L=%d (%s)", rnd, n, c.L, how)
+    return {"rows": {"queries": n}, "extra": {"round": rnd}}
