@@ -15,10 +15,9 @@ stage then scores only the pairs the run root's score cache does not already hol
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import numpy as np
-
-from pathlib import Path
 
 from epr.artifacts import write_jsonl
 from epr.cache import read_manifest

@@ -12,12 +12,17 @@ from epr.config import load_config
 from epr.context import Context
 from epr.stages import scores as scores_stage
 from epr.types import ConfigError, UpstreamError
-
 from tests.conftest import write_tiny_task
 
 from .test_pipeline import ctx_overrides
 
-TRAIN = ["train.batch_size=4", "train.epochs=1", "train.dev_size=2", "train.chunk_size=0", "train.loss=distill"]
+TRAIN = [
+    "train.batch_size=4",
+    "train.epochs=1",
+    "train.dev_size=2",
+    "train.chunk_size=0",
+    "train.loss=distill",
+]
 
 
 def make(tmp_path, data_dir, lm_dir, minilm_dir, name, *extra):
@@ -32,8 +37,8 @@ def rankings(ctx):
 
 def brute_force(run_dir, pool, task, qids, L):
     """Top-L of the trained encoder by plain numpy inner products (no faiss), the query itself excluded."""
-    from epr.encoder.model import DualEncoder
     from epr.encoder.data import demo_text
+    from epr.encoder.model import DualEncoder
 
     de = DualEncoder.from_pretrained(str(run_dir / "encoder" / "model"))
     p = de.encode([demo_text(task, e) for e in pool], "prompt")
@@ -181,7 +186,9 @@ def test_round_two_scores_only_pairs_the_cache_lacks_and_resumes(
     a = [json.loads(x) for x in (r2.stage_dir("scores") / "scores.jsonl").read_text().splitlines()]
     b = [json.loads(x) for x in (clean.stage_dir("scores") / "scores.jsonl").read_text().splitlines()]
     assert [r["ids"] for r in a] == [r["ids"] for r in b]
-    np.testing.assert_allclose([s for r in a for s in r["scores"]], [s for r in b for s in r["scores"]], atol=2e-4)
+    np.testing.assert_allclose(
+        [s for r in a for s in r["scores"]], [s for r in b for s in r["scores"]], atol=2e-4
+    )
 
 
 def test_remining_refuses_clearly(tmp_path, tiny_task_files, tiny_lm_dir, minilm_dir):
