@@ -20,7 +20,7 @@ from pathlib import Path
 from epr.artifacts import atomic_write_text, remove_stale_temps
 from epr.cache import fingerprint
 
-__all__ = ["ScoreCache", "pair_key", "cached_scores"]
+__all__ = ["ScoreCache", "pair_key", "cached_scores", "export_scores", "import_scores"]
 
 log = logging.getLogger(__name__)
 
@@ -95,4 +95,78 @@ def cached_scores(scorer, cache: ScoreCache | None, contexts: list[str], targets
     out[[todo[j] for j in ok]] = vals
     if cache is not None:
         cache.put(c_ok, t_ok, list(vals), name)
+    return out
+
+
+FORMAT = "epr-score-cache/1"
+
+
+def export_scores(root: str | Path, path: str | Path, key: dict | None = None) -> dict[str, int]:
+    """Write the score stores under ``root`` (a run root's ``.cache/scores``; only ``key``'s when given) to one
+    gzipped JSON file that :func:`import_scores` reads on another machine: labels scored once travel with a
+    repository instead of being scored again. Returns entries per store fingerprint."""
+    import gzip
+
+    root = Path(root)
+    dirs = [root / fingerprint(key)] if key is not None else sorted(p.parent for p in root.glob("*/KEY.json"))
+    stores, counts = [], {}
+    for d in dirs:
+        if not (d / "KEY.json").exists():
+            raise FileNotFoundError(f"{d}: no score store for this computation (nothing scored yet?)")
+        c = ScoreCache(root, json.loads((d / "KEY.json").read_text(encoding="utf-8")))
+        stores.append({"key": c.key, "scores": dict(sorted(c._mem.items()))})
+        counts[d.name] = len(c)
+    if not stores:
+        raise FileNotFoundError(f"{root}: no score stores to export")
+    tmp = Path(path).with_name(Path(path).name + ".tmp")
+    with gzip.open(tmp, "wt", encoding="utf-8") as f:
+        json.dump({"format": FORMAT, "stores": stores}, f)
+    tmp.replace(path)
+    return counts
+
+
+def import_scores(root: str | Path, path: str | Path, tol: float = 1e-3) -> dict[str, dict[str, int]]:
+    """Add the scores of an :func:`export_scores` file to the stores under ``root``, each into the store of its own
+    computation key (so they are served only to the same model, dtype and forward). Scores the store already holds
+    are kept; one that differs by more than ``tol`` nats is counted as a conflict (and logged), never replaced.
+    Returns ``{store: {"added", "kept", "conflicts"}}``."""
+    import gzip
+
+    from epr.types import InputError
+
+    try:
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, EOFError, json.JSONDecodeError) as e:
+        raise InputError(
+            f"{path}: not a score-cache export (gzipped JSON from `epr cache export`): {e}"
+        ) from e
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise InputError(f"{path}: not a score-cache export (expected format {FORMAT!r})")
+    out = {}
+    for i, s in enumerate(data.get("stores", [])):
+        if not isinstance(s.get("key"), dict) or not isinstance(s.get("scores"), dict):
+            raise InputError(f"{path}: store #{i} has no key/scores mapping")
+        bad = [k for k, v in s["scores"].items() if not isinstance(v, (int, float)) or isinstance(v, bool)]
+        if bad:
+            raise InputError(f"{path}: store #{i}: {len(bad)} scores are not numbers (first pair {bad[0]})")
+        c = ScoreCache(root, s["key"])
+        new = {k: float(v) for k, v in s["scores"].items() if k not in c._mem}
+        conflicts = [k for k, v in s["scores"].items() if k in c._mem and abs(c._mem[k] - v) > tol]
+        if conflicts:
+            log.warning(
+                "score cache import: %d scores differ from the store's %s by > %g nats; the store's kept",
+                len(conflicts),
+                c.dir,
+                tol,
+            )
+        if new:
+            f = c.dir / f"shard-imported-{fingerprint(new)}.json"
+            atomic_write_text(f, json.dumps(new, sort_keys=True))
+            c.refresh()
+        out[c.dir.name] = {
+            "added": len(new),
+            "kept": len(s["scores"]) - len(new),
+            "conflicts": len(conflicts),
+        }
     return out

@@ -1,0 +1,89 @@
+"""Portable LM scores: `epr cache export` on one run root, `epr cache import` on another, and the scores stage there
+scores nothing and writes the same file; each score stays under its own computation key."""
+
+import gzip
+import json
+
+import pytest
+
+from epr import pipeline
+from epr.cli import main
+from epr.lm.score_cache import ScoreCache, export_scores, import_scores
+from tests.stages.test_pipeline import ctx_overrides, make_ctx
+
+
+def cli(tmp_path, data, lm, *args):
+    sets = [x for o in ctx_overrides(tmp_path, data, lm) for x in ("--set", o)]
+    return main([*args, *sets])
+
+
+def test_imported_scores_are_not_scored_again(tmp_path, tiny_task_files, tiny_lm_dir, monkeypatch, capsys):
+    a = make_ctx(tmp_path / "a", tiny_task_files, tiny_lm_dir)
+    pipeline.run(a, until="scores")
+    f = tmp_path / "scores.json.gz"
+    assert cli(tmp_path / "a", tiny_task_files, tiny_lm_dir, "cache", "export", str(f), "--this-lm") == 0
+    assert cli(tmp_path / "b", tiny_task_files, tiny_lm_dir, "cache", "import", str(f)) == 0
+    assert "144 added, 0 already held, 0 conflicts" in capsys.readouterr().out
+
+    from epr.lm.scoring import LMScorer
+
+    def no_lm(*a, **k):
+        raise AssertionError("scored a pair the imported cache holds")
+
+    monkeypatch.setattr(LMScorer, "score_pairs", no_lm)
+    monkeypatch.setattr(LMScorer, "score_prefixed", no_lm)
+    b = make_ctx(tmp_path / "b", tiny_task_files, tiny_lm_dir)
+    pipeline.run(b, until="scores")
+    assert (b.stage_dir("scores") / "scores.jsonl").read_bytes() == (
+        a.stage_dir("scores") / "scores.jsonl"
+    ).read_bytes()
+    # a second import adds nothing
+    assert cli(tmp_path / "b", tiny_task_files, tiny_lm_dir, "cache", "import", str(f)) == 0
+    assert "0 added, 144 already held, 0 conflicts" in capsys.readouterr().out
+
+
+def test_scores_stay_under_their_own_key_and_conflicts_are_kept_out(tmp_path):
+    root = tmp_path / "a" / "scores"
+    fp32, bf16 = {"lm": "m", "dtype": "fp32"}, {"lm": "m", "dtype": "bf16"}
+    ScoreCache(root, fp32).put(["x", "y"], ["1", "2"], [-1.0, -2.0], "t")
+    ScoreCache(root, bf16).put(["x"], ["1"], [-1.5], "t")
+    f = tmp_path / "all.json.gz"
+    assert sorted(export_scores(root, f).values()) == [1, 2]
+    only = tmp_path / "fp32.json.gz"
+    assert list(export_scores(root, only, fp32).values()) == [2]
+
+    dest = tmp_path / "b" / "scores"
+    ScoreCache(dest, fp32).put(["x"], ["1"], [-1.2], "t")  # held already, with another value
+    got = import_scores(dest, f)
+    assert sum(c["conflicts"] for c in got.values()) == 1
+    c32, c16 = ScoreCache(dest, fp32), ScoreCache(dest, bf16)
+    assert c32.get(["x", "y"], ["1", "2"]) == [-1.2, -2.0]  # the held value is kept, the new one added
+    assert c16.get(["x", "y"], ["1", "2"]) == [-1.5, None]  # bf16's store got only bf16's score
+
+
+@pytest.mark.parametrize(
+    "content, match",
+    [
+        (b"not gzip", "not a score-cache export"),
+        (gzip.compress(b'{"format": "other"}'), "expected format"),
+        (
+            gzip.compress(json.dumps({"format": "epr-score-cache/1", "stores": [{"key": 1}]}).encode()),
+            "store #0",
+        ),
+        (
+            gzip.compress(
+                json.dumps(
+                    {"format": "epr-score-cache/1", "stores": [{"key": {"a": 1}, "scores": {"k": "x"}}]}
+                ).encode()
+            ),
+            "not numbers",
+        ),
+    ],
+)
+def test_a_bad_file_is_named_and_nothing_is_written(tmp_path, content, match, capsys):
+    f = tmp_path / "bad.json.gz"
+    f.write_bytes(content)
+    assert main(["cache", "import", str(f), "--set", f"run_root={tmp_path / 'r'}"]) == 2
+    err = capsys.readouterr().err
+    assert match in err and str(f) in err
+    assert not list((tmp_path / "r").rglob("shard-*"))
