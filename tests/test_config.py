@@ -89,6 +89,9 @@ def test_every_field_has_help():
     }  # fmt: skip
 
 
+COMPANIONS = {("candidates.miner", "retriever"): ["candidates.mine_run=runs/round1"]}  # a choice's required partner
+
+
 @pytest.mark.parametrize("key,f", CHOICE_FIELDS, ids=[k for k, _ in CHOICE_FIELDS])
 def test_choices_are_enforced(key, f):
     choices = f.metadata["choices"]
@@ -100,7 +103,8 @@ def test_choices_are_enforced(key, f):
         msg = str(e.value)
         assert key in msg and repr(bad) in msg and all(str(c) in msg for c in choices), msg
     for good in choices:  # and every choice is accepted (as the only element of a tuple field)
-        cfg = load_config([], [f"{key}={_as_override([good] if is_tuple else good)}"])
+        extra = COMPANIONS.get((key, good), [])
+        cfg = load_config([], [f"{key}={_as_override([good] if is_tuple else good)}", *extra])
         section, name = key.split(".")
         assert getattr(getattr(cfg, section), name) == ((good,) if is_tuple else good)
 
