@@ -1,6 +1,8 @@
-"""The MTOP learning curve: what the learned retriever gains as it gets more LM-labelled training examples.
+"""The learning curve: what the learned retriever gains as it gets more LM-labelled training examples (MTOP by
+default; any dataset with a curve config: ``-c configs/smcalflow_curve.yaml``, ``-c configs/break_curve.yaml``).
 
     python scripts/mtop_curve.py                                  # the committed curve (results/mtop-curve/)
+    python scripts/mtop_curve.py -c configs/break_curve.yaml      # BREAK's (results/break-curve/)
     python scripts/mtop_curve.py --sizes 250,500 --losses distill --em none     # a quick partial curve
     python scripts/mtop_curve.py --set models.dtype=auto          # any config key (here: bf16 where fast)
 
@@ -8,7 +10,7 @@ Every step is resumable (stages, the run root's score cache, per-row files): rer
 
 1. Labels for the largest size (``configs/mtop_curve.yaml``: nested seeded label sets, so each smaller set is a
    prefix of the largest and reuses its scores from the score cache).
-2. For each size x loss: train (``runs/mtop-curve/<size>-<loss>/``), then the dense metric on the evaluation examples:
+2. For each size x loss: train (``runs/<name>/<size>-<loss>/``, ``name`` from the config), then the dense metric on the evaluation examples:
    the gold answer's log-probability under the inference LM given the retrieved demonstrations (one forward pass
    per example; RAGSys's way of judging a retriever) and its DPO form against the empty context.
 3. Reference rows, with the same metric: BM25, SBERT, the untrained dual encoder, BM25-Oracle, LM-Oracle.
@@ -196,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--refs", default=",".join(REFERENCES), help="reference rows (gold log-prob)")
     ap.add_argument("--refs-em", default=",".join(REFERENCES), help="reference rows that get exact match")
     ap.add_argument("--run-root", default="runs")
-    ap.add_argument("--out", default=str(ROOT / "results" / "mtop-curve"))
+    ap.add_argument("--out", default=None, help="default: results/<config name>[-locked]/")
     ap.add_argument("--set", action="append", default=[])
     ap.add_argument("--split", choices=sorted(SPLIT_SETTINGS), default="dev")
     ap.add_argument(
@@ -204,9 +206,22 @@ def main(argv: list[str] | None = None) -> int:
         default=str(BASE_SEED),
         help="training seeds (train.seed) of every learned row; >1: pooled rows",
     )
+    ap.add_argument(
+        "--import-scores",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="add an `epr cache export` file (e.g. committed labels) to the run root's score cache first",
+    )
     a = ap.parse_args(argv)
-    if a.split == "locked" and a.out == str(ROOT / "results" / "mtop-curve"):
-        a.out = str(ROOT / "results" / "mtop-curve-locked")
+    cfg0 = load_config([a.config], [f"run_root={a.run_root}", *a.set])
+    a.name = cfg0.name  # the runs' and the results' name (mtop-curve, break-curve, ...)
+    a.lms = (
+        f"scoring LM {cfg0.models.lm}, inference LM {cfg0.models.inference_lm or cfg0.models.lm} "
+        f"(models.dtype={cfg0.models.dtype})"
+    )
+    if a.out is None:
+        a.out = str(ROOT / "results" / (a.name + ("-locked" if a.split == "locked" else "")))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     sizes = sorted(int(s) for s in a.sizes.split(","))
     seeds = [int(s) for s in a.seeds.split(",") if s]
@@ -215,8 +230,14 @@ def main(argv: list[str] | None = None) -> int:
     rows_dir = out / "rows"
     t0 = time.time()
 
+    for f in a.import_scores:  # scores of the same computation key are served, never scored again
+        from epr.lm.score_cache import import_scores
+
+        for store, c in import_scores(Path(cfg0.run_root) / ".cache" / "scores", f).items():
+            log.info("imported %s into %s: %s", f, store, c)
+
     # 1. labels for the largest set (smaller sets reuse its scores)
-    base = ctx_for(a, "mtop-curve", f"candidates.num_queries={sizes[-1]}")
+    base = ctx_for(a, a.name, f"candidates.num_queries={sizes[-1]}")
     pipeline.run(base, until="labels")
     log.info("labels for %d training examples ready (%.0f s)", sizes[-1], time.time() - t0)
 
@@ -246,9 +267,9 @@ def main(argv: list[str] | None = None) -> int:
     # 2. references (dense metric)
     # (reference runs depend only on the largest size: rows of a partial run are reused by the full one)
     top = f"candidates.num_queries={sizes[-1]}"
-    ref_ctx = ctx_for(a, "mtop-curve/ref", top)
+    ref_ctx = ctx_for(a, f"{a.name}/ref", top)
     pipeline.run(ref_ctx, until="labels")
-    untrained = ctx_for(a, "mtop-curve/untrained", top, "train.epochs=0", *LOSS_SETTINGS["distill"])
+    untrained = ctx_for(a, f"{a.name}/untrained", top, "train.epochs=0", *LOSS_SETTINGS["distill"])
     pipeline.run(untrained, until="encoder")
     for r in [r for r in a.refs.split(",") if r]:
         c = untrained if r == "untrained" else ref_ctx
@@ -275,12 +296,12 @@ def main(argv: list[str] | None = None) -> int:
     refs = [r for r in a.refs_em.split(",") if r]
     if a.em != "none":
         plain = [r for r in refs if r != "untrained"]
-        ref_em = ctx_for(a, "mtop-curve/ref", top, f"retrieve.retrievers=[{','.join(plain)}]")
+        ref_em = ctx_for(a, f"{a.name}/ref", top, f"retrieve.retrievers=[{','.join(plain)}]")
         em |= em_rows(ref_em, plain)
         if "untrained" in refs:
             u = ctx_for(
                 a,
-                "mtop-curve/untrained",
+                f"{a.name}/untrained",
                 top,
                 "train.epochs=0",
                 *LOSS_SETTINGS["distill"],
@@ -307,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
 def curve_ctx(a, n: int, loss: str, seed: int, *extra: str) -> Context:
     """The training run of one curve point: ``n`` labels, ``loss``, training seed ``seed``."""
     settings = [f"candidates.num_queries={n}", *LOSS_SETTINGS[loss], f"train.seed={seed}", *extra]
-    return ctx_for(a, seeded(f"mtop-curve/{n}-{loss}", seed), *settings)
+    return ctx_for(a, seeded(f"{a.name}/{n}-{loss}", seed), *settings)
 
 
 def _add_pooled(rows: list[dict], n: int, loss: str, seeds: list[int]) -> None:
@@ -415,11 +436,10 @@ def _write(out: Path, rows: list[dict], a, t0: float) -> None:
     info = {"machine": machine(), "command": " ".join(sys.argv), "elapsed_seconds": round(time.time() - t0)}
     (out / "curve.json").write_text(json.dumps({"info": info, "rows": slim}, indent=2) + "\n")
     lines = [
-        "# MTOP learning curve",
+        f"# {a.name}: learning curve",
         "",
         f"Machine: {describe(info['machine'])}. Command: `{info['command']}`.",
-        f"Evaluation: {slim[0]['n'] if slim else 0} seeded MTOP validation examples; inference and scoring LM SmolLM2-135M "
-        "(fp32). Gold log-prob: log p(gold parse | prompt), nats, mean with 95% bootstrap interval; DPO: mean "
+        f"Evaluation: {slim[0]['n'] if slim else 0} seeded evaluation examples of {a.name.split('-')[0]}; {a.lms}. Gold log-prob: log p(gold parse | prompt), nats, mean with 95% bootstrap interval; DPO: mean "
         "log sigmoid(gold log-prob - without demonstrations). Δ: mean paired gain in gold log-prob over BM25 / SBERT "
         "on the same examples (p: Wilcoxon signed-rank). EM: exact match (%), p: exact McNemar vs BM25 / SBERT "
         "on the same examples.",

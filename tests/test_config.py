@@ -89,7 +89,9 @@ def test_every_field_has_help():
     }  # fmt: skip
 
 
-COMPANIONS = {("candidates.miner", "retriever"): ["candidates.mine_run=runs/round1"]}  # a choice's required partner
+COMPANIONS = {
+    ("candidates.miner", "retriever"): ["candidates.mine_run=runs/round1"]
+}  # a choice's required partner
 
 
 @pytest.mark.parametrize("key,f", CHOICE_FIELDS, ids=[k for k, _ in CHOICE_FIELDS])

@@ -82,7 +82,7 @@ def test_pooled_rows_em_tests_gap_and_row_shape(curve, tmp_path):
     )
     assert pooled_em["em_n"] == 3 * n and pooled_em["em_sd"] == 0.0
 
-    a = argparse.Namespace(split="locked")
+    a = argparse.Namespace(split="locked", name="mtop-curve", lms="scoring LM smollm2 (fp32)")
     curve._write(tmp_path, rows, a, 0.0)
     out = json.loads((tmp_path / "curve.json").read_text())["rows"]
     by = {(r["retriever"], r["seeds"], r["seed"]): r for r in out}
@@ -117,3 +117,30 @@ def test_pooled_rows_em_tests_gap_and_row_shape(curve, tmp_path):
 def test_seeded_names_keep_the_committed_runs(curve):
     assert curve.seeded("mtop-curve/2000-distill", curve.BASE_SEED) == "mtop-curve/2000-distill"
     assert curve.seeded("mtop-curve/2000-distill", 7) == "mtop-curve/2000-distill-s7"
+
+
+@pytest.mark.parametrize("dataset", ["mtop", "smcalflow", "break"])
+def test_each_dataset_curve_config_has_a_dev_and_a_locked_part_of_1000(dataset):
+    """The curve's recipe on every EPR dataset: >= 2,000 labelled pool examples x L >= 16, and >= 1,000 evaluation
+    examples in the dev part and in the once-only locked part, disjoint (real data: the files in ../shared/data)."""
+    from epr.config import load_config
+    from epr.context import Context
+    from epr.stages.retrieve import eval_examples
+
+    path = ROOT / "configs" / f"{dataset}_curve.yaml"
+    parts = {}
+    for part in ("dev", "locked"):
+        sets = [f"data.data_dir={ROOT.parent / 'shared' / 'data'}", f"data.eval_part={part}"]
+        if part == "locked":
+            sets.append("retrieve.eval_limit=null")  # as scripts/mtop_curve.py --split locked sets it
+        cfg = load_config([str(path)], sets)
+        assert (
+            cfg.name == f"{dataset}-curve" and cfg.candidates.num_queries >= 2000 and cfg.candidates.L >= 16
+        )
+        ctx = Context(cfg)
+        pool, ev = ctx.task.load()
+        ctx.examples = lambda which, p=pool, e=ev: {"pool": p, "eval": e}[which]  # no run folder needed
+        parts[part] = {e.idx for e in eval_examples(ctx)}
+        assert len(pool) >= 2000
+    assert len(parts["dev"]) >= 1000 and len(parts["locked"]) >= 1000, {k: len(v) for k, v in parts.items()}
+    assert not parts["dev"] & parts["locked"]
