@@ -71,7 +71,11 @@ class Context:
             raise ValueError(f"unknown sub-run {name!r}")
         cfg = self.cfg
         sub = dataclasses.replace(
-            cfg, name=f"{cfg.name}/dr-bm25", labels=dataclasses.replace(cfg.labels, source="bm25")
+            cfg,
+            name=f"{cfg.name}/dr-bm25",
+            labels=dataclasses.replace(cfg.labels, source="bm25"),
+            # BM25 candidates (round 1) even in a re-mining run: BM25-ranked labels of BM25's candidates
+            candidates=dataclasses.replace(cfg.candidates, miner="bm25", mine_run=None),
         )
         return Context(sub)  # one process: the sub-run is a step of the main process's stage
 

@@ -39,11 +39,10 @@ def skeleton(y: str) -> str:
 
 
 def features(ctx, retriever: str, tok) -> list[dict]:
+    from epr import pipeline
     from epr.retrieval.retrievers import make_retriever
     from epr.stages.prompts import prompt_maker
     from epr.stages.retrieve import eval_examples
-
-    from epr import pipeline
 
     pipeline.run(ctx, until="examples")  # (cheap; the curve has run it where the row was measured)
     pool, ev = ctx.examples("pool"), eval_examples(ctx)
@@ -113,6 +112,10 @@ def main(argv: list[str] | None = None) -> int:
         )
         for k in (a.ref, row_name)
     }
+    if not len(ref) == len(mine) == len(lp[a.ref]) == len(lp[row_name]):
+        raise SystemExit(
+            f"the rebuilt examples ({len(ref)}) and the rows' per-example log-probs differ in length"
+        )
     ok = ~np.isnan(lp[a.ref]) & ~np.isnan(lp[row_name])
     d = (lp[row_name] - lp[a.ref])[ok]
     R = [x for x, o in zip(ref, ok) if o]

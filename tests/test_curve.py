@@ -119,6 +119,9 @@ def test_seeded_names_keep_the_committed_runs(curve):
     assert curve.seeded("mtop-curve/2000-distill", 7) == "mtop-curve/2000-distill-s7"
 
 
+@pytest.mark.skipif(
+    not (ROOT.parent / "shared" / "data").exists(), reason="needs ../shared/data (the real data sets)"
+)
 @pytest.mark.parametrize("dataset", ["mtop", "smcalflow", "break"])
 def test_each_dataset_curve_config_has_a_dev_and_a_locked_part_of_1000(dataset):
     """The curve's recipe on every EPR dataset: >= 2,000 labelled pool examples x L >= 16, and >= 1,000 evaluation

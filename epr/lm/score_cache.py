@@ -114,6 +114,10 @@ def export_scores(root: str | Path, path: str | Path, key: dict | None = None) -
         if not (d / "KEY.json").exists():
             raise FileNotFoundError(f"{d}: no score store for this computation (nothing scored yet?)")
         c = ScoreCache(root, json.loads((d / "KEY.json").read_text(encoding="utf-8")))
+        if c.dir != d:
+            raise RuntimeError(
+                f"{d}: its KEY.json does not hash to the folder's name ({c.dir.name}); not exported"
+            )
         stores.append({"key": c.key, "scores": dict(sorted(c._mem.items()))})
         counts[d.name] = len(c)
     if not stores:
@@ -143,13 +147,21 @@ def import_scores(root: str | Path, path: str | Path, tol: float = 1e-3) -> dict
         ) from e
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise InputError(f"{path}: not a score-cache export (expected format {FORMAT!r})")
-    out = {}
-    for i, s in enumerate(data.get("stores", [])):
-        if not isinstance(s.get("key"), dict) or not isinstance(s.get("scores"), dict):
+    stores = data.get("stores")
+    if not isinstance(stores, list):
+        raise InputError(f"{path}: 'stores' is not a list")
+    for i, s in enumerate(stores):  # every store checked before anything is written
+        if (
+            not isinstance(s, dict)
+            or not isinstance(s.get("key"), dict)
+            or not isinstance(s.get("scores"), dict)
+        ):
             raise InputError(f"{path}: store #{i} has no key/scores mapping")
         bad = [k for k, v in s["scores"].items() if not isinstance(v, (int, float)) or isinstance(v, bool)]
         if bad:
             raise InputError(f"{path}: store #{i}: {len(bad)} scores are not numbers (first pair {bad[0]})")
+    out = {}
+    for s in stores:
         c = ScoreCache(root, s["key"])
         new = {k: float(v) for k, v in s["scores"].items() if k not in c._mem}
         conflicts = [k for k, v in s["scores"].items() if k in c._mem and abs(c._mem[k] - v) > tol]

@@ -75,12 +75,19 @@ def miner_identity(cfg) -> dict:
 
 def mine_with_retriever(ctx: Context, qids: np.ndarray) -> tuple[list[Ranking], int]:
     """L candidates per labelled example from the trained encoder of ``candidates.mine_run`` (itself excluded)."""
+    import dataclasses
+
     from epr.retrieval.retrievers import make_retriever
-    from epr.types import UpstreamError
+    from epr.types import ConfigError, UpstreamError
 
     cfg, pool = ctx.cfg, ctx.examples("pool")
     d = mine_run_dir(cfg)
     ident = miner_identity(cfg)
+    if d.resolve() == Path(cfg.run_dir).resolve():
+        raise ConfigError(
+            f"candidates.mine_run={cfg.candidates.mine_run} is this run: round r + 1 needs its own run name "
+            "(--set name=...) that mines with round r's"
+        )
     if ident["encoder"] is None or not (d / "encoder" / "model").exists():
         raise UpstreamError(
             f"candidates.mine_run={cfg.candidates.mine_run}: no trained encoder in {d / 'encoder'}; train that "
@@ -92,7 +99,9 @@ def mine_with_retriever(ctx: Context, qids: np.ndarray) -> tuple[list[Ranking], 
             f"candidates.mine_run={cfg.candidates.mine_run}: its pool ({d / 'examples'}) is not this run's "
             f"({ctx.stage_dir('examples')}); the encoder's ids would point at other examples"
         )
-    r = make_retriever("epr", pool, ctx.task, cfg, str(d / "encoder" / "model"))
+    # exact search (Flat), whatever retrieve.index_factory says: the candidates' key does not hold that setting
+    flat = dataclasses.replace(cfg, retrieve=dataclasses.replace(cfg.retrieve, index_factory="Flat"))
+    r = make_retriever("epr", pool, ctx.task, flat, str(d / "encoder" / "model"))
     hits = r.retrieve([pool[int(q)] for q in qids], cfg.candidates.L, exclude=qids)
     rankings = [
         Ranking(int(q), i.tolist(), [round(float(s), 5) for s in sc])

@@ -134,9 +134,19 @@ def test_round_two_is_fingerprinted_by_the_round_one_encoder(
     pipeline.run(r1b, until="encoder")
     r2 = make(tmp_path, tiny_task_files, tiny_lm_dir, minilm_dir, "r2", *remine)
     assert pipeline.status(r2)["candidates"] == "stale"
-    # BM25 (round 1) candidates keep the keys they had before re-mining existed
-    keys = pipeline.STAGES["candidates"].keys(round1)
-    assert "mined_by" not in keys and {"miner", "mine_run"}.isdisjoint(keys["candidates"])
+    # BM25 (round 1) candidates keep the keys they had before re-mining existed (values computed with the code
+    # before it, commit 0f2c854): existing runs stay fresh
+    from epr.cache import fingerprint
+
+    for sets, want in (
+        ([], "14a3258ded248efb"),
+        (["candidates.L=7", "candidates.num_queries=100"], "19a3ed247de9ce13"),
+    ):
+        c = Context(load_config(["configs/mtop_curve.yaml"], sets))
+        assert fingerprint(pipeline.STAGES["candidates"].keys(c)) == want
+    # a re-mining run's DR-BM25 sub-run ranks BM25's candidates by BM25 (round 1), not the encoder's
+    sub = r2.sub_run("dr-bm25").cfg
+    assert sub.candidates.miner == "bm25" and sub.candidates.mine_run is None and sub.labels.source == "bm25"
 
 
 def test_round_two_scores_only_pairs_the_cache_lacks_and_resumes(
@@ -207,3 +217,14 @@ def test_remining_refuses_clearly(tmp_path, tiny_task_files, tiny_lm_dir, minilm
     )
     with pytest.raises(UpstreamError, match="no trained encoder in .*nowhere"):
         pipeline.run(r2, until="candidates")
+    me = make(
+        tmp_path,
+        tiny_task_files,
+        tiny_lm_dir,
+        minilm_dir,
+        "r2",
+        "candidates.miner=retriever",
+        "candidates.mine_run=r2",
+    )
+    with pytest.raises(ConfigError, match="is this run"):
+        pipeline.run(me, until="candidates")
