@@ -30,6 +30,20 @@ def make(tmp_path, data_dir, lm_dir, minilm_dir, name, *extra):
     return Context(load_config([], [*sets, f"name={name}"]))
 
 
+def remine(tmp_path, data, lm, minilm, name, mine_run, *extra):
+    """A re-mining run ``name`` whose candidates come from the trained encoder of ``mine_run``."""
+    return make(
+        tmp_path,
+        data,
+        lm,
+        minilm,
+        name,
+        "candidates.miner=retriever",
+        f"candidates.mine_run={mine_run}",
+        *extra,
+    )
+
+
 def rankings(ctx):
     rows = (ctx.stage_dir("candidates") / "candidates.jsonl").read_text().splitlines()
     return [json.loads(r) for r in rows]
@@ -84,15 +98,7 @@ def tiny_task_files(trained_round1):  # round 1's data (the same files: the same
 
 
 def test_round_two_mines_with_round_one_encoder(round1, tmp_path, tiny_task_files, tiny_lm_dir, minilm_dir):
-    r2 = make(
-        tmp_path,
-        tiny_task_files,
-        tiny_lm_dir,
-        minilm_dir,
-        "r2",
-        "candidates.miner=retriever",
-        f"candidates.mine_run={round1.cfg.run_dir}",
-    )
+    r2 = remine(tmp_path, tiny_task_files, tiny_lm_dir, minilm_dir, "r2", round1.cfg.run_dir)
     pipeline.run(r2, until="candidates")
     got = rankings(r2)
     pool = r2.examples("pool")
@@ -109,15 +115,7 @@ def test_round_two_mines_with_round_one_encoder(round1, tmp_path, tiny_task_file
 
     # round 3 mines with round 2's encoder: its round is 3
     pipeline.run(r2, until="encoder")
-    r3 = make(
-        tmp_path,
-        tiny_task_files,
-        tiny_lm_dir,
-        minilm_dir,
-        "r3",
-        "candidates.miner=retriever",
-        f"candidates.mine_run={r2.cfg.run_dir}",
-    )
+    r3 = remine(tmp_path, tiny_task_files, tiny_lm_dir, minilm_dir, "r3", r2.cfg.run_dir)
     pipeline.run(r3, until="candidates")
     assert read_manifest(r3.stage_dir("candidates"))["round"] == 3
 
@@ -206,15 +204,7 @@ def test_remining_refuses_clearly(tmp_path, tiny_task_files, tiny_lm_dir, minilm
         make(tmp_path, tiny_task_files, tiny_lm_dir, minilm_dir, "r2", "candidates.miner=retriever")
     with pytest.raises(ConfigError, match="mine_run"):
         make(tmp_path, tiny_task_files, tiny_lm_dir, minilm_dir, "r2", f"candidates.mine_run={tmp_path}")
-    r2 = make(
-        tmp_path,
-        tiny_task_files,
-        tiny_lm_dir,
-        minilm_dir,
-        "r2",
-        "candidates.miner=retriever",
-        f"candidates.mine_run={tmp_path / 'nowhere'}",
-    )
+    r2 = remine(tmp_path, tiny_task_files, tiny_lm_dir, minilm_dir, "r2", tmp_path / "nowhere")
     with pytest.raises(UpstreamError, match="no trained encoder in .*nowhere"):
         pipeline.run(r2, until="candidates")
     me = make(
