@@ -372,14 +372,17 @@ def _attach_em(rows: list[dict], em: dict[str, dict]) -> None:
             row["em_n"] = len(e["correct"])
 
 
-def paired_logprob(a: list, b: list) -> tuple[float, float]:
-    """Mean per-example difference of gold log-probs (a - b) and the Wilcoxon signed-rank p (examples both scored)."""
+def paired_logprob(a: list, b: list) -> tuple[float, float, float, float]:
+    """Per-example differences of gold log-probs (a - b, examples both scored): mean, Wilcoxon signed-rank p, median
+    and the fraction of examples where a is higher. The mean is heavy-tailed (a demonstration with the gold's parse
+    skeleton moves an example by ~10-20 nats: results/mtop-curve/diagnose-sbert.md), so the median and the win rate
+    say what the typical example does."""
     from scipy.stats import wilcoxon
 
     d = np.array([x - y for x, y in zip(a, b) if x is not None and y is not None])
     if len(d) == 0 or not np.any(d):
-        return 0.0, 1.0
-    return float(d.mean()), float(wilcoxon(d).pvalue)
+        return 0.0, 1.0, 0.0, 0.0
+    return float(d.mean()), float(wilcoxon(d).pvalue), float(np.median(d)), float(np.mean(d > 0))
 
 
 def _write(out: Path, rows: list[dict], a, t0: float) -> None:
@@ -388,9 +391,12 @@ def _write(out: Path, rows: list[dict], a, t0: float) -> None:
     for r in rows:
         for b in ("bm25", "sbert"):
             if b in ref and (r["retriever"] != b or r["loss"] is not None):
-                r[f"logprob_gain_vs_{b}"], r[f"logprob_p_vs_{b}"] = paired_logprob(
-                    r["per_query_logprob"], ref[b]
-                )
+                (
+                    r[f"logprob_gain_vs_{b}"],
+                    r[f"logprob_p_vs_{b}"],
+                    r[f"logprob_median_gain_vs_{b}"],
+                    r[f"logprob_win_rate_vs_{b}"],
+                ) = paired_logprob(r["per_query_logprob"], ref[b])
     gap = {m: {r["retriever"]: r.get(m) for r in rows if r["loss"] is None} for m in ("gold_logprob", "em")}
 
     def captured(r: dict, m: str):
@@ -419,8 +425,12 @@ def _write(out: Path, rows: list[dict], a, t0: float) -> None:
                 for k in (
                     "logprob_gain_vs_bm25",
                     "logprob_p_vs_bm25",
+                    "logprob_median_gain_vs_bm25",
+                    "logprob_win_rate_vs_bm25",
                     "logprob_gain_vs_sbert",
                     "logprob_p_vs_sbert",
+                    "logprob_median_gain_vs_sbert",
+                    "logprob_win_rate_vs_sbert",
                 )
                 if k in r
             },
@@ -441,7 +451,8 @@ def _write(out: Path, rows: list[dict], a, t0: float) -> None:
         f"Machine: {describe(info['machine'])}. Command: `{info['command']}`.",
         f"Evaluation: {slim[0]['n'] if slim else 0} seeded evaluation examples of {a.name.split('-')[0]}; {a.lms}. Gold log-prob: log p(gold parse | prompt), nats, mean with 95% bootstrap interval; DPO: mean "
         "log sigmoid(gold log-prob - without demonstrations). Δ: mean paired gain in gold log-prob over BM25 / SBERT "
-        "on the same examples (p: Wilcoxon signed-rank). EM: exact match (%), p: exact McNemar vs BM25 / SBERT "
+        "on the same examples (p: Wilcoxon signed-rank; the median paired gain and the share of examples where the row "
+        "is higher: the mean is heavy-tailed). EM: exact match (%), p: exact McNemar vs BM25 / SBERT "
         "on the same examples.",
         "",
         f"Split: **{slim[0]['split'] if slim else a.split}** (dev: the curve's seeded subset every choice was made "
@@ -458,7 +469,11 @@ def _write(out: Path, rows: list[dict], a, t0: float) -> None:
 
     def gain(r: dict, b: str) -> str:
         k = f"logprob_gain_vs_{b}"
-        return f"{r[k]:+.3f} ({r[f'logprob_p_vs_{b}']:.2g})" if k in r else ""
+        if k not in r:
+            return ""
+        med, win = r.get(f"logprob_median_gain_vs_{b}"), r.get(f"logprob_win_rate_vs_{b}")
+        typical = "" if med is None else f"; median {med:+.2f}, {100 * win:.0f}% higher"
+        return f"{r[k]:+.3f} ({r[f'logprob_p_vs_{b}']:.2g}{typical})"
 
     for r in slim:
         f = lambda v, d=1: "" if v is None else (f"{v:.{d}f}" if isinstance(v, float) else str(v))  # noqa: E731

@@ -107,6 +107,11 @@ def test_pooled_rows_em_tests_gap_and_row_shape(curve, tmp_path):
     )
     assert p["oracle_gap_captured"]["em"] == pytest.approx((100 * 17 / 40 - 25.0) / (100.0 - 25.0))
     assert by[("bm25", 1, None)]["oracle_gap_captured"]["gold_logprob"] == 0.0
+    # the typical example, beside the heavy-tailed mean: median paired gain and win rate over BM25
+    d = np.mean(seed_lp, axis=0) - bm25
+    assert p["logprob_median_gain_vs_bm25"] == pytest.approx(np.median(d))
+    assert p["logprob_win_rate_vs_bm25"] == pytest.approx(np.mean(d > 0))
+    assert p["logprob_gain_vs_bm25"] == pytest.approx(np.mean(d))
     assert "| seeds |" in (tmp_path / "curve.md").read_text() and (tmp_path / "curve.png").exists()
 
     curve.save_em(tmp_path / "rows", "bm25", ref)
