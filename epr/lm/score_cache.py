@@ -57,6 +57,10 @@ class ScoreCache:
     def __len__(self) -> int:
         return len(self._mem)
 
+    def items(self) -> dict[str, float]:
+        """Every held score by pair key (a copy)."""
+        return dict(self._mem)
+
     def get(self, contexts: Sequence[str], targets: Sequence[str]) -> list[float | None]:
         return [self._mem.get(pair_key(c, t)) for c, t in zip(contexts, targets)]
 
@@ -118,7 +122,7 @@ def export_scores(root: str | Path, path: str | Path, key: dict | None = None) -
             raise RuntimeError(
                 f"{d}: its KEY.json does not hash to the folder's name ({c.dir.name}); not exported"
             )
-        stores.append({"key": c.key, "scores": dict(sorted(c._mem.items()))})
+        stores.append({"key": c.key, "scores": dict(sorted(c.items().items()))})
         counts[d.name] = len(c)
     if not stores:
         raise FileNotFoundError(f"{root}: no score stores to export")
@@ -163,8 +167,9 @@ def import_scores(root: str | Path, path: str | Path, tol: float = 1e-3) -> dict
     out = {}
     for s in stores:
         c = ScoreCache(root, s["key"])
-        new = {k: float(v) for k, v in s["scores"].items() if k not in c._mem}
-        conflicts = [k for k, v in s["scores"].items() if k in c._mem and abs(c._mem[k] - v) > tol]
+        held = c.items()
+        new = {k: float(v) for k, v in s["scores"].items() if k not in held}
+        conflicts = [k for k, v in s["scores"].items() if k in held and abs(held[k] - v) > tol]
         if conflicts:
             log.warning(
                 "score cache import: %d scores differ from the store's %s by > %g nats; the store's kept",

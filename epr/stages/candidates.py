@@ -51,6 +51,11 @@ def mine(
 ) -> list[Ranking]:
     index = BM25Index([view_text(e, view) for e in pool], backend)
     ids, scores = index.search([view_text(pool[q], view) for q in qids], L, exclude=qids, progress=progress)
+    return rankings_of(qids, ids, scores)
+
+
+def rankings_of(qids, ids, scores) -> list[Ranking]:
+    """One ranking per labelled example from a search's ``(ids, scores)`` rows."""
     return [
         Ranking(int(q), i.tolist(), [round(float(s), 5) for s in sc]) for q, i, sc in zip(qids, ids, scores)
     ]
@@ -103,11 +108,7 @@ def mine_with_retriever(ctx: Context, qids: np.ndarray) -> tuple[list[Ranking], 
     flat = dataclasses.replace(cfg, retrieve=dataclasses.replace(cfg.retrieve, index_factory="Flat"))
     r = make_retriever("epr", pool, ctx.task, flat, str(d / "encoder" / "model"))
     hits = r.retrieve([pool[int(q)] for q in qids], cfg.candidates.L, exclude=qids)
-    rankings = [
-        Ranking(int(q), i.tolist(), [round(float(s), 5) for s in sc])
-        for q, i, sc in zip(qids, hits.ids, hits.scores)
-    ]
-    return rankings, ident["round"]
+    return rankings_of(qids, hits.ids, hits.scores), ident["round"]
 
 
 def run_candidates(ctx: Context, out, fp: str) -> dict:
