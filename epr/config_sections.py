@@ -10,8 +10,16 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
+from epr.config_names import (  # the names a config may choose from (retrievers, TruthfulQA variants)
+    DENSE,
+    RETRIEVERS,
+    TQA_LEARNED_VARIANTS,
+    TQA_VARIANTS,
+    RetrieverName,
+    parse_retriever_name,
+)
 from epr.types import ConfigError
 
 __all__ = [
@@ -36,36 +44,8 @@ __all__ = [
     "RetrieverName",
     "parse_retriever_name",
     "TQA_VARIANTS",
+    "TQA_LEARNED_VARIANTS",
 ]
-
-# First-stage retrievers; a dense one (DENSE) may carry the RAGSys suffixes +div / +div+bias (checked at load).
-RETRIEVERS = ("random", "bm25", "sbert", "epr", "dr-bm25", "bm25-oracle", "lm-oracle")
-DENSE = ("sbert", "epr", "dr-bm25")
-RAGSYS_SUFFIXES = ("div", "bias")
-
-
-class RetrieverName(NamedTuple):
-    base: str  # the first stage
-    div: bool  # +div: MMR diversity (ragsys.lambda_d)
-    bias: bool  # +bias: the LM quality bias (ragsys.lambda_b)
-
-
-def parse_retriever_name(name: str) -> RetrieverName:
-    """``"epr+div+bias"`` -> ``("epr", True, True)``: the one reading of a retriever name (config checks, stages,
-    ``epr inspect``, scripts). Bias without diversity is written ``+div+bias`` with ``ragsys.lambda_d = 1``; a bare
-    ``+bias`` is accepted too. An unknown suffix is a ``ConfigError``."""
-    base, *suffixes = name.split("+")
-    bad = [s for s in suffixes if s not in RAGSYS_SUFFIXES]
-    if bad:
-        raise ConfigError(
-            f"retrieve.retrievers: {name!r}: unknown suffix +{bad[0]} (RAGSys suffixes: +div, +div+bias)"
-        )
-    return RetrieverName(base, "div" in suffixes, "bias" in suffixes)
-
-
-# TruthfulQA variants: "fix" plus the re-rankers of ragsys.VARIANTS (a test keeps the two equal; no import here, so
-# that loading a config imports neither numpy nor ragsys)
-TQA_VARIANTS = ("fix", "bias", "rel", "rel+bias", "rel+div", "rel+div+bias")
 
 
 def opt(default: Any, help: str, choices: tuple | None = None) -> Any:
@@ -299,15 +279,23 @@ class TruthfulQAConfig:
     version: str = opt(
         "2021-10", "2021-10 (SPEC 3.4) | v0 (the copy HF / lm-evaluation-harness use)", ("2021-10", "v0")
     )
-    variants: tuple[str, ...] = opt(TQA_VARIANTS, "the compared variants (distinct)", TQA_VARIANTS)
+    variants: tuple[str, ...] = opt(
+        TQA_VARIANTS,
+        "the compared variants (distinct); epr / epr+div: rel / rel+div with the learned retriever (k-fold)",
+        TQA_VARIANTS + TQA_LEARNED_VARIANTS,
+    )
     limit: int | None = opt(
         None,
         "a seeded subset (seed: the top-level seed) of the 817 questions; the pool stays whole; null: all",
     )
-    sweep: tuple[float, ...] = opt(
-        (), "lambda_d values of the calibration sweep (rel+div+bias); empty: no sweep"
-    )
+    sweep: tuple[float, ...] = opt((), "lambda_d values of the calibration sweep (rel+div+bias); empty: none")
     chunk_size: int = opt(32, "questions per resumable chunk of scores")
+    label_candidates: int = opt(
+        16, "learned variants: D_ICL pairs per question scored by the LM (the frozen relevance's top L)"
+    )
+    folds: int = opt(
+        5, "learned variants: question folds; fold f's retriever trains on the labels of the other folds"
+    )
 
     def __post_init__(self):
         if not self.variants or len(set(self.variants)) != len(self.variants):
@@ -323,8 +311,10 @@ class TruthfulQAConfig:
         object.__setattr__(self, "sweep", sweep)
         if self.limit is not None and self.limit < 1:
             raise ConfigError(f"config truthfulqa.limit={self.limit} must be >= 1 (or null: all questions)")
-        if self.chunk_size < 1:
-            raise ConfigError(f"config truthfulqa.chunk_size={self.chunk_size} must be >= 1")
+        # chunk_size; label_candidates: a positive and a negative; folds: a question's own fold never trains it
+        for name, least in (("chunk_size", 1), ("label_candidates", 2), ("folds", 2)):
+            if getattr(self, name) < least:
+                raise ConfigError(f"config truthfulqa.{name}={getattr(self, name)} must be >= {least}")
 
 
 @dataclass(frozen=True)

@@ -170,7 +170,7 @@ STAGES: dict[str, Stage] = {
         Stage("predict", _const("prompts"), _predict_keys, predict.run_predict),
         Stage("evaluate", _const("predict"), lambda c: {"task": c.cfg.data.task}, evaluate.run_evaluate),
         # TruthfulQA (RAGSys, SPEC 3): demonstration sets -> log-probabilities -> tables (``epr truthfulqa``)
-        *[Stage(n, _const(*d), k, f) for n, d, k, f in tqa.STAGE_SPECS],
+        *[Stage(n, d if callable(d) else _const(*d), k, f, *rest) for n, d, k, f, *rest in tqa.STAGE_SPECS],
     ]
 }
 ALIASES = {"compare": "evaluate"}  # the back half's old single stage: ``--until compare`` still works

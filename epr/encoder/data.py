@@ -13,7 +13,15 @@ import numpy as np
 
 from epr.types import Example, InputError
 
-__all__ = ["LabelRow", "read_labels", "split_dev", "sample_pair", "sample_group", "recall_mrr"]
+__all__ = [
+    "LabelRow",
+    "select_labels",
+    "read_labels",
+    "split_dev",
+    "sample_pair",
+    "sample_group",
+    "recall_mrr",
+]
 
 
 @dataclass(frozen=True)
@@ -23,6 +31,24 @@ class LabelRow:
     neg: tuple[int, ...]
     cands: tuple[int, ...] = ()  # every scored candidate, best first
     cand_scores: tuple[float, ...] = ()
+
+
+def select_labels(ids: Sequence[int], scores: Sequence[float | None], k_pos: int, k_neg: int) -> dict:
+    """Positives: the ``k_pos`` best by (score desc, id asc); negatives: the ``k_neg`` worst of the same order,
+    never overlapping the positives. Candidates with a ``None`` score are left out. ``cands`` / ``cand_scores``:
+    every scored candidate in that order (what the listwise and distillation losses learn from)."""
+    scored = [(s, i) for i, s in zip(ids, scores) if s is not None]
+    order = sorted(scored, key=lambda t: (-t[0], t[1]))
+    pos = order[:k_pos]
+    neg = order[max(len(pos), len(order) - k_neg) :]
+    return {
+        "pos": [i for _, i in pos],
+        "neg": [i for _, i in neg],
+        "pos_scores": [s for s, _ in pos],
+        "neg_scores": [s for s, _ in neg],
+        "cands": [i for _, i in order],
+        "cand_scores": [s for s, _ in order],
+    }
 
 
 def read_labels(rows: Sequence[dict], n_pool: int, where: str = "labels.jsonl") -> list[LabelRow]:

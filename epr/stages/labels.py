@@ -7,31 +7,15 @@ every scored candidate with its score (best first) for the losses that use them 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
 from pathlib import Path
 
 from epr.artifacts import read_jsonl, write_jsonl
 from epr.context import Context
+from epr.encoder.data import select_labels  # the pure rule, shared with the TruthfulQA labels
+
+__all__ = ["run_labels", "select_labels"]
 
 log = logging.getLogger(__name__)
-
-
-def select_labels(ids: Sequence[int], scores: Sequence[float | None], k_pos: int, k_neg: int) -> dict:
-    """Positives: the ``k_pos`` best by (score desc, id asc); negatives: the ``k_neg`` worst of the same order,
-    never overlapping the positives. Candidates with a ``None`` score are left out. ``cands`` / ``cand_scores``:
-    every scored candidate in that order (what the listwise and distillation losses learn from)."""
-    scored = [(s, i) for i, s in zip(ids, scores) if s is not None]
-    order = sorted(scored, key=lambda t: (-t[0], t[1]))
-    pos = order[:k_pos]
-    neg = order[max(len(pos), len(order) - k_neg) :]
-    return {
-        "pos": [i for _, i in pos],
-        "neg": [i for _, i in neg],
-        "pos_scores": [s for s, _ in pos],
-        "neg_scores": [s for s, _ in neg],
-        "cands": [i for _, i in order],
-        "cand_scores": [s for s, _ in order],
-    }
 
 
 def run_labels(ctx: Context, out: Path, fp: str) -> dict:

@@ -4,6 +4,7 @@ pipeline, with ``configs/truthfulqa.yaml`` unless ``-c`` names other configs. Ev
     epr truthfulqa                                                  # six variants, all 817 questions
     epr truthfulqa --set truthfulqa.limit=50 --set truthfulqa.sweep=0,0.25,0.5,0.75,1
     epr truthfulqa --set truthfulqa.version=v0 --set models.dtype=fp32
+    epr truthfulqa -c configs/truthfulqa_epr.yaml                  # + the learned retriever (tqa_labels, tqa_encoders)
 
 The same as ``epr run -c configs/truthfulqa.yaml --until tqa_report``.
 """
@@ -17,7 +18,7 @@ from pathlib import Path
 __all__ = ["CONFIG", "STAGES", "add_parser", "run"]
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "truthfulqa.yaml"
-STAGES = ("tqa_contexts", "tqa_score", "tqa_report")
+STAGES = ("tqa_labels", "tqa_encoders", "tqa_contexts", "tqa_score", "tqa_report")
 
 
 def add_parser(sub) -> None:

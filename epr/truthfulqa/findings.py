@@ -73,6 +73,8 @@ def summary(runs: list[dict], n_boot: int = 2000, seed: int = 0) -> tuple[str, d
     out: dict = {"findings": []}
     lines += ["", "## The paper's findings", ""]
     for title, pairs, sign in ts.FINDINGS:
+        if not any(a in run["per_q"] and b in run["per_q"] for a, b in pairs for run in runs):
+            continue  # e.g. the learned retriever's finding in runs without its variants
         lines += [f"### {title[0].upper() + title[1:]}", ""]
         cols = ["comparison", "LM", *(f"Δ {SHORT[m]}" for m in ts.METRICS)]
         lines += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]

@@ -21,9 +21,11 @@ from pathlib import Path
 import numpy as np
 
 from epr.artifacts import atomic_write_text, write_jsonl
-from epr.cache import ChunkStore, file_digest, fingerprint
+from epr.cache import ChunkStore
+from epr.truthfulqa import learned
 from epr.truthfulqa import report as _report
 from epr.truthfulqa import sets as tqa
+from epr.truthfulqa.common import LazyScorer, cache_dir, data_key, lp_key
 
 __all__ = [
     "STAGE_SPECS",
@@ -39,12 +41,6 @@ QUALITY_CHUNK = 256  # D_ICL pairs per resumable chunk of quality bias
 # ---- keys: what each stage's output depends on (besides its upstream) ---------------------------------------------
 
 
-def _data_key(cfg) -> dict:
-    path = tqa.data_file(cfg.data.data_dir, cfg.truthfulqa.version) if cfg.data.data_dir else None
-    digest = file_digest(path) if path else None
-    return {"version": cfg.truthfulqa.version, "file": str(path), "sha256": digest}
-
-
 def _needs_bias(cfg) -> bool:
     t = cfg.truthfulqa
     return bool(t.sweep) or any("bias" in v for v in t.variants)
@@ -58,24 +54,12 @@ def quality_key(cfg) -> dict:
     return {"what": "tqa-quality-bias", "version": cfg.truthfulqa.version, "format": fmt, **scoring_key(cfg)}
 
 
-def lp_key(cfg) -> dict:
-    """The answer log-probs' LM (shared-prefix scoring: one question's answers in one batch, so no layout key)."""
-    from epr.lm.factory import lm_key
-
-    key = {"what": "tqa-logprobs", "version": cfg.truthfulqa.version, **lm_key(cfg)}
-    if (
-        not cfg.server.base_url
-    ):  # the in-process shared-prefix engine (2: LMScorer.score_prefixed); bf16 sees it
-        key["prefix_engine"] = 2
-    return key
-
-
 def contexts_keys(ctx) -> dict:
     from epr.lm.factory import model_identity
 
     cfg, t, rc = ctx.cfg, ctx.cfg.truthfulqa, ctx.cfg.ragsys
     keys = {
-        "data": _data_key(cfg),
+        "data": data_key(cfg),
         "limit": t.limit,
         "seed": cfg.seed,
         "variants": list(t.variants),
@@ -98,28 +82,10 @@ def score_keys(ctx) -> dict:
 # ---- tqa_contexts ---------------------------------------------------------------------------------------------------
 
 
-def _cache(cfg, what: str, key: dict) -> Path:
-    return Path(cfg.run_root) / ".cache" / "truthfulqa" / f"{what}-{fingerprint(key)}"
-
-
-class _LazyScorer:
-    """The LM behind an ``LMScorer``, loaded on the first chunk that is not cached (none: no LM load at all)."""
-
-    def __init__(self, ctx):
-        self.ctx, self.scorer = ctx, None
-
-    def __call__(self):
-        if self.scorer is None:
-            from epr.lm.factory import build_scorer
-
-            self.scorer = build_scorer(self.ctx.cfg)
-        return self.scorer
-
-
-def icl_quality(ctx, data: tqa.TQA, scorer: _LazyScorer) -> np.ndarray:
+def icl_quality(ctx, data: tqa.TQA, scorer: LazyScorer) -> np.ndarray:
     """``(len(D_ICL),) float32`` quality bias (SPEC 3.2) in resumable chunks keyed by the LM."""
     key = quality_key(ctx.cfg)
-    store = ChunkStore(_cache(ctx.cfg, "quality", key), key)
+    store = ChunkStore(cache_dir(ctx.cfg, "quality", key), key)
     items = [[q, a] for _, q, a in data.icl]
     vals = store.map(
         items, QUALITY_CHUNK, lambda part: tqa.quality_bias(scorer(), part).tolist(), "quality bias"
@@ -134,7 +100,8 @@ def context_sets(cfg) -> list[dict]:
     ld = cfg.ragsys.lambda_d
     out = []
     for v in cfg.truthfulqa.variants:
-        eff = None if v == "fix" else VARIANTS[v][0] if VARIANTS[v][0] is not None else ld
+        base = learned.LEARNED.get(v, v)  # a learned variant runs its re-ranker on the learned embeddings
+        eff = None if v == "fix" else VARIANTS[base][0] if VARIANTS[base][0] is not None else ld
         out.append({"name": v, "kind": "variant", "variant": v, "lambda_d": eff})
     for x in cfg.truthfulqa.sweep:
         out.append({"name": f"sweep-{x:g}", "kind": "sweep", "variant": "rel+div+bias", "lambda_d": x})
@@ -153,23 +120,32 @@ def run_contexts(ctx, out: Path, fp: str) -> dict:
     sets = context_sets(cfg)
     bias = np.zeros(len(data.icl), dtype=np.float32)
     if _needs_bias(cfg):
-        bias = icl_quality(ctx, data, _LazyScorer(ctx))
+        bias = icl_quality(ctx, data, LazyScorer(ctx))
         np.save(out / "quality_bias.npy", bias)
     if any(s["variant"] != "fix" for s in sets):
         st = load_encoder(cfg.models.encoder, cfg.models.cache_dir, device=default_device())
         q_emb = st.encode([r["question"] for r in rows], batch_size=128, normalize_embeddings=True)
         icl_emb = st.encode([q for _, q, _ in data.icl], batch_size=128, normalize_embeddings=True)
         icl_q = np.array([qi for qi, _, _ in data.icl])
+    if learned.needs_learned(cfg):  # each question's fold's towers (epr.truthfulqa.learned)
+        fold_of, q_learned, icl_learned = learned.fold_embeddings(ctx, data, subset)
     for s in sets:
         if s["variant"] == "fix":
             s["demos"], s["mean_pairwise_cosine"] = None, None
             continue
-        s["demos"] = [
-            tqa.select_context(
-                s["variant"], qi, q_emb[qi], icl_emb, icl_q, bias, rc.k, s["lambda_d"], rc.lambda_b
-            )
-            for qi in subset
-        ]
+        if s["variant"] in learned.LEARNED:
+            s["demos"] = [
+                tqa.select_context(learned.LEARNED[s["variant"]], qi, q_learned[qi], icl_learned[fold_of[qi]],
+                                   icl_q, bias, rc.k, s["lambda_d"], rc.lambda_b)
+                for qi in subset
+            ]  # fmt: skip
+        else:
+            s["demos"] = [
+                tqa.select_context(
+                    s["variant"], qi, q_emb[qi], icl_emb, icl_q, bias, rc.k, s["lambda_d"], rc.lambda_b
+                )
+                for qi in subset
+            ]
         s["mean_pairwise_cosine"] = tqa.mean_pairwise_cosine(icl_emb, s["demos"])
     meta = {
         "version": cfg.truthfulqa.version,
@@ -195,8 +171,8 @@ def run_score(ctx, out: Path, fp: str) -> dict:
     data = tqa.build_sets(rows)
     subset = meta["subset"]
     key = lp_key(cfg)
-    base = _cache(cfg, "logprobs", key)
-    scorer = _LazyScorer(ctx)
+    base = cache_dir(cfg, "logprobs", key)
+    scorer = LazyScorer(ctx)
     fresh = [0]
 
     def compute(part: list[dict]) -> list[list[float]]:
@@ -236,9 +212,17 @@ def run_score(ctx, out: Path, fp: str) -> dict:
     }  # fmt: skip
 
 
-# name, deps, keys, fn: the entries of ``epr.pipeline.STAGES``
+def _contexts_deps(ctx) -> tuple[str, ...]:
+    """The learned variants' towers; none for the six RAGSys variants (their runs' fingerprints stay as they were)."""
+    return ("tqa_encoders",) if learned.needs_learned(ctx.cfg) else ()
+
+
+# name, deps (a tuple, or a function of the context), keys, fn[, distributed]: the entries of ``epr.pipeline.STAGES``
 STAGE_SPECS = (
-    ("tqa_contexts", (), contexts_keys, run_contexts),
+    ("tqa_labels", (), learned.labels_keys, learned.run_labels),
+    # every process of a launch trains (distributed)
+    ("tqa_encoders", ("tqa_labels",), learned.encoders_keys, learned.run_encoders, True),
+    ("tqa_contexts", _contexts_deps, contexts_keys, run_contexts),
     ("tqa_score", ("tqa_contexts",), score_keys, run_score),
     ("tqa_report", ("tqa_contexts", "tqa_score"), _report.report_keys, _report.run_report),
 )

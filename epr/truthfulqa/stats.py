@@ -34,6 +34,8 @@ FINDINGS = (
     ("diversity adds on top of relevance", (("rel+div", "rel"), ("rel+div+bias", "rel+bias")), +1),
     ("the quality bias helps one LM and hurts the other",
      (("rel+div+bias", "rel+div"), ("rel+bias", "rel"), ("bias", "fix")), 0),
+    # not the paper's: the learned relevance (epr.truthfulqa.learned) against the frozen encoder it starts from
+    ("the learned retriever beats the frozen relevance", (("epr", "rel"), ("epr+div", "rel+div")), +1),
 )  # fmt: skip
 
 

@@ -10,6 +10,7 @@ from epr.truthfulqa.sets import build_sets, select_context
 from epr.types import InputError
 from ragsys.metrics import dpo_triplet, mc1, mc_fraction_beating, mc_mass, question_metrics
 from tests.conftest import SHARED_DATA
+from tests.truthfulqa.conftest import _real_row, tqa_ctx
 
 ROWS = [
     {
@@ -90,111 +91,6 @@ def test_shared_prefix_equals_from_scratch_and_metrics(tiny_lm):
 # ---- the stages: one pipeline, one cache ------------------------------------------------------------------------
 
 
-def _real_row(i: int, version: str) -> dict:
-    """A question in the layout of ../shared/data/truthfulqa/truthfulqa.<version>.jsonl; v0 asks other questions."""
-    q = f"{'Old question' if version == 'v0' else 'Question'} {i}?"
-    right, also, wrong, wrong2 = f"right {i}", f"also right {i}", f"wrong {i}", f"bad {i}"
-    return {
-        "id": f"tqa-{i:03d}",
-        "question": q,
-        "correct_answers": [right, also],
-        "incorrect_answers": [wrong, wrong2],
-        "best_answer": right,
-        "category": "Misconceptions",
-        "type": "Adversarial",
-        "source": "https://example.org",
-        "mc1_targets": {"choices": [f"{right}.", f"{wrong}.", f"{wrong2}."], "labels": [1, 0, 0]},
-        "mc2_targets": {
-            "choices": [f"{right}.", f"{also}.", f"{wrong}.", f"{wrong2}."],
-            "labels": [1, 1, 0, 0],
-        },
-    }
-
-
-@pytest.fixture
-def tqa_data(tmp_path):
-    d = tmp_path / "data"
-    (d / "truthfulqa").mkdir(parents=True)
-    for version in ("2021-10", "v0"):
-        rows = [_real_row(i, version) for i in range(4)]
-        (d / "truthfulqa" / f"truthfulqa.{version}.jsonl").write_text(
-            "".join(json.dumps(r) + "\n" for r in rows)
-        )
-    return d
-
-
-@pytest.fixture(scope="module")
-def other_lm_dir(tiny_lm_dir, tmp_path_factory):
-    """Another tiny LM with the same tokenizer (the weights perturbed): a different model to every cache."""
-    import shutil
-    from pathlib import Path
-
-    import torch
-    from transformers import LlamaForCausalLM
-
-    model = LlamaForCausalLM.from_pretrained(tiny_lm_dir)
-    torch.manual_seed(1)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.5 * torch.randn_like(p))
-    out = tmp_path_factory.mktemp("other_lm")
-    model.save_pretrained(out)
-    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
-        shutil.copy(Path(tiny_lm_dir) / name, out / name)
-    return str(out)
-
-
-@pytest.fixture
-def tqa_stages(monkeypatch):
-    """The TruthfulQA entries of the stage graph, as ``epr.truthfulqa.stage.STAGE_SPECS`` declares them."""
-    from epr import pipeline
-    from epr.truthfulqa.stage import STAGE_SPECS
-
-    for name, deps, keys, fn in STAGE_SPECS:
-        monkeypatch.setitem(pipeline.STAGES, name, pipeline.Stage(name, lambda c, d=deps: d, keys, fn))
-    return pipeline
-
-
-@pytest.fixture
-def calls(monkeypatch):
-    """Every prompt the LM scores answers after, and every D_ICL pair whose quality bias it computes."""
-    import epr.truthfulqa.sets as tqa
-
-    seen = {"prompts": [], "quality": [], "fail_at": None}
-    score, quality = tqa.score_prompt, tqa.quality_bias
-
-    def score_prompt(scorer, prompt, targets):
-        if seen["fail_at"] is not None and len(seen["prompts"]) + 1 >= seen["fail_at"]:
-            raise KeyboardInterrupt("killed")
-        seen["prompts"].append(prompt)
-        return score(scorer, prompt, targets)
-
-    def quality_bias(scorer, pairs):
-        seen["quality"].extend(tuple(p) for p in pairs)
-        return quality(scorer, pairs)
-
-    monkeypatch.setattr(tqa, "score_prompt", score_prompt)
-    monkeypatch.setattr(tqa, "quality_bias", quality_bias)
-
-    def take():
-        out = {k: seen[k] for k in ("prompts", "quality")}
-        seen["prompts"], seen["quality"] = [], []
-        return out
-
-    seen["take"] = take
-    return seen
-
-
-def _ctx(tmp_path, data_dir, lm, *sets):
-    from epr.config import load_config
-    from epr.context import Context
-    from epr.truthfulqa.cli import CONFIG
-
-    base = [f"run_root={tmp_path / 'runs'}", f"data.data_dir={data_dir}", f"models.lm={lm}", "models.encoder=minilm",
-            "ragsys.k=2", "truthfulqa.chunk_size=2"]  # fmt: skip
-    return Context(load_config([CONFIG], [*base, *sets]))
-
-
 def _report(ctx) -> dict:
     out = ctx.stage_dir("tqa_report")
     res = json.loads((out / "results.json").read_text())
@@ -208,7 +104,7 @@ def test_stages_recompute_on_version_and_lm_and_reuse_on_sweep(tmp_path, tqa_dat
     from epr.truthfulqa.sets import query_text
 
     pipeline = tqa_stages
-    ctx = _ctx(tmp_path, tqa_data, tiny_lm_dir)
+    ctx = tqa_ctx(tmp_path, tqa_data, tiny_lm_dir)
     assert pipeline.run(ctx, until="tqa_report") == ["tqa_contexts", "tqa_score", "tqa_report"]
     first = calls["take"]()
     assert first["prompts"] and all("Old" not in p for p in first["prompts"])
@@ -235,7 +131,7 @@ def test_stages_recompute_on_version_and_lm_and_reuse_on_sweep(tmp_path, tqa_dat
     assert pipeline.run(ctx, until="tqa_report") == []  # all fresh
 
     # only the sweep changes: every set scored before is reused, lambda_d = 0.75 is rel+div+bias's set
-    ctx = _ctx(tmp_path, tqa_data, tiny_lm_dir, "truthfulqa.sweep=[0.75, 0.0]")
+    ctx = tqa_ctx(tmp_path, tqa_data, tiny_lm_dir, "truthfulqa.sweep=[0.75, 0.0]")
     assert pipeline.run(ctx, until="tqa_report") == ["tqa_contexts", "tqa_score", "tqa_report"]
     new = calls["take"]()
     assert not new["quality"] and len(new["prompts"]) <= 4 and not set(new["prompts"]) & set(first["prompts"])
@@ -251,7 +147,7 @@ def test_stages_recompute_on_version_and_lm_and_reuse_on_sweep(tmp_path, tqa_dat
     assert sweep[1]["dpo_minus_next"] is None
 
     # another data version with as many questions: everything is rescored, the report shows the v0 rows
-    ctx = _ctx(tmp_path, tqa_data, tiny_lm_dir, "truthfulqa.version=v0")
+    ctx = tqa_ctx(tmp_path, tqa_data, tiny_lm_dir, "truthfulqa.version=v0")
     pipeline.run(ctx, until="tqa_report")
     v0 = calls["take"]()
     assert {query_text(f"Old question {i}?") for i in range(4)} <= set(v0["prompts"])  # the empty context too
@@ -263,13 +159,13 @@ def test_stages_recompute_on_version_and_lm_and_reuse_on_sweep(tmp_path, tqa_dat
     assert not (out / "sweep.md").exists()  # no sweep configured any more: no stale sweep table
 
     # another LM (same tokenizer): rescored; back to the first LM: served from the cache, nothing scored
-    ctx = _ctx(tmp_path, tqa_data, other_lm_dir, "truthfulqa.version=v0")
+    ctx = tqa_ctx(tmp_path, tqa_data, other_lm_dir, "truthfulqa.version=v0")
     pipeline.run(ctx, until="tqa_report")
     other = calls["take"]()
     assert {query_text(f"Old question {i}?") for i in range(4)} <= set(other["prompts"])
     assert len(other["quality"]) == 8
     assert _report(ctx)["variants"]["fix"]["paper_mc3"] != res_v0["variants"]["fix"]["paper_mc3"]
-    ctx = _ctx(tmp_path, tqa_data, tiny_lm_dir, "truthfulqa.version=v0")
+    ctx = tqa_ctx(tmp_path, tqa_data, tiny_lm_dir, "truthfulqa.version=v0")
     assert pipeline.run(ctx, until="tqa_report") == ["tqa_contexts", "tqa_score", "tqa_report"]
     assert calls["take"]() == {"prompts": [], "quality": []}
     assert _report(ctx)["variants"] == res_v0["variants"]
@@ -277,7 +173,7 @@ def test_stages_recompute_on_version_and_lm_and_reuse_on_sweep(tmp_path, tqa_dat
 
 def test_killed_score_stage_resumes_from_its_chunks(tmp_path, tqa_data, tiny_lm_dir, tqa_stages, calls):
     pipeline = tqa_stages
-    ctx = _ctx(tmp_path, tqa_data, tiny_lm_dir, "truthfulqa.variants=[fix, rel]", "truthfulqa.limit=3")
+    ctx = tqa_ctx(tmp_path, tqa_data, tiny_lm_dir, "truthfulqa.variants=[fix, rel]", "truthfulqa.limit=3")
     calls["fail_at"] = 6  # chunks of 2 questions: empty (2 + 1), fix (2), then killed in fix's second chunk
     with pytest.raises(KeyboardInterrupt):
         pipeline.run(ctx, until="tqa_report")
