@@ -10,8 +10,8 @@ Two stages join the TruthfulQA graph when a learned variant (``epr``, ``epr+div`
   hard negatives come from ``epr.encoder.data.select_labels`` as on the EPR datasets; the log-probs live in
   resumable chunks keyed by the LM (a killed run resumes, another LM or dtype rescores).
 - ``tqa_encoders``: ``truthfulqa.folds`` seeded folds of the questions; fold f's dual encoder (the ``train`` section,
-  ``epr.encoder.train.train``, resumable per fold) learns only from the labels of the other folds, so no question's
-  own labels train the retriever that serves it.
+  ``epr.encoder.train.train``) learns only from the labels of the other folds, so no question's own labels train the
+  retriever that serves it. A killed run resumes inside the fold it was training and skips the folds it finished.
 
 ``tqa_contexts`` then selects each question's demonstrations with its fold's towers: ``epr`` runs ``rel`` and
 ``epr+div`` runs ``rel+div`` (MMR with lambda_d) on the learned query and demonstration embeddings in place of the
@@ -35,6 +35,7 @@ from epr.types import Example
 __all__ = [
     "LEARNED",
     "needs_learned",
+    "check_plan",
     "candidate_ids",
     "label_targets",
     "gain",
@@ -57,6 +58,28 @@ SCORE_RULE = "mean-correct-minus-mean-incorrect/v1"  # the label score; a new ru
 
 def needs_learned(cfg) -> bool:
     return any(v in LEARNED for v in cfg.truthfulqa.variants)
+
+
+def check_plan(cfg, n_questions: int) -> None:
+    """Settings that would fail only after the labels are paid for, named before any LM runs: a candidate list
+    with no room for a negative, more folds than questions, a fold whose training labels cannot hold out
+    ``train.dev_size`` and still fill a batch."""
+    from epr.types import InputError
+
+    t, tc, lc = cfg.truthfulqa, cfg.train, cfg.labels
+    if t.label_candidates <= lc.k_pos:
+        raise InputError(
+            f"truthfulqa.label_candidates={t.label_candidates} leaves no hard negative after labels.k_pos={lc.k_pos}"
+        )
+    if t.folds > n_questions:
+        raise InputError(f"truthfulqa.folds={t.folds}: only {n_questions} questions to split")
+    smallest = n_questions - -(-n_questions // t.folds)  # the labels that train the fold of the largest size
+    if smallest - tc.dev_size < tc.batch_size:
+        raise InputError(
+            f"{n_questions} questions in {t.folds} folds: a fold trains on {smallest} labels, which cannot hold "
+            f"out train.dev_size={tc.dev_size} and fill a batch of train.batch_size={tc.batch_size}; "
+            "use more questions (truthfulqa.limit), fewer folds or smaller dev_size / batch_size"
+        )
 
 
 # ---- pure functions -------------------------------------------------------------------------------------------------
@@ -177,6 +200,7 @@ def run_labels(ctx, out: Path, fp: str) -> dict:
     rows = tqa.load_tqa(cfg.data.data_dir, t.version)
     data = tqa.build_sets(rows)
     subset = seeded_subset(len(rows), t.limit, cfg.seed).tolist()
+    check_plan(cfg, len(subset))
     q_emb, icl_emb = _frozen_embeddings(cfg, rows, data)
     icl_q = np.array([qi for qi, _, _ in data.icl])
     cands = candidate_ids(q_emb, icl_emb, icl_q, subset, t.label_candidates)
@@ -238,6 +262,13 @@ def run_encoders(ctx, out: Path, fp: str) -> dict:
     cands = {lab.qid: list(lab.cands) for lab in labels}
     per_fold = []
     for f in range(t.folds):
+        fold_dir = out / f"fold-{f}"
+        done = fold_dir / "done.json"  # a finished fold of this fingerprint is not trained again after a kill
+        if done.is_file() and (fold_dir / "model").is_dir():
+            prev = json.loads(done.read_text(encoding="utf-8"))
+            if prev.get("fp") == fp:
+                per_fold.append(prev["summary"])
+                continue
         train_labels = [lab for lab, qi in zip(labels, qis) if folds[qi] != f]
         log.info(
             "tqa_encoders: fold %d/%d: %d labelled questions train it", f + 1, t.folds, len(train_labels)
@@ -245,14 +276,19 @@ def run_encoders(ctx, out: Path, fp: str) -> dict:
         res = train(
             cfg,
             TrainingData(pool=pool, task=DemoFormat(), labels=train_labels, candidates=cands),
-            out / f"fold-{f}",
+            fold_dir,
             fp,
             resume=True,
             world=ctx.dist.world,
         )
-        per_fold.append({"fold": f, "serves": sum(v == f for v in folds.values()), **res["rows"],
-                         "best_epoch": res["extra"]["best_epoch"]})  # fmt: skip
+        summary = {"fold": f, "serves": sum(v == f for v in folds.values()), **res["rows"],
+                   "best_epoch": res["extra"]["best_epoch"]}  # fmt: skip
+        per_fold.append(summary)
+        if ctx.dist.is_main:
+            atomic_write_text(done, json.dumps({"fp": fp, "summary": summary}) + "\n")
     if ctx.dist.is_main:
+        for f in range(t.folds):  # the stage is finished: a forced rerun trains every fold again
+            (out / f"fold-{f}" / "done.json").unlink(missing_ok=True)
         atomic_write_text(out / "folds.json", json.dumps({str(q): f for q, f in folds.items()}) + "\n")
     return {"rows": {"folds": t.folds, "questions": len(qis)}, "extra": {"per_fold": per_fold}}
 

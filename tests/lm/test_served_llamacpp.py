@@ -22,7 +22,7 @@ need("llama_cpp")
 
 from epr.lm.llamacpp_server import check_echo, fixed_llama_class, gguf_path, launch  # noqa: E402
 from epr.lm.served import OpenAIServer, ServerError, ServerScorer  # noqa: E402
-from tests.truthfulqa.test_sets import tqa_data, tqa_stages  # noqa: E402, F401  (fixtures)
+from tests.truthfulqa.conftest import tqa_data, tqa_stages  # noqa: E402, F401  (fixtures)
 
 pytestmark = pytest.mark.slow
 
@@ -239,7 +239,8 @@ def test_truthfulqa_stages_through_the_server(server, tmp_path, tqa_data, tqa_st
     """The TruthfulQA stages (quality bias, answer log-probs, report) with the server's config: the report names
     the served LM, and its metrics are the in-process fp32 run's within the server's tolerance."""
     from epr import pipeline
-    from tests.truthfulqa.test_sets import _ctx, _report
+    from tests.truthfulqa.conftest import tqa_ctx as _ctx
+    from tests.truthfulqa.test_sets import _report
 
     sets = ("truthfulqa.variants=[fix,rel,rel+div+bias]",)
     ctx = _ctx(

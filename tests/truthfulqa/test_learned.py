@@ -1,6 +1,7 @@
 """The learned retriever on TruthfulQA (epr.truthfulqa.learned): candidates, labels, folds, contexts, resume."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,6 +24,7 @@ LEARNED_SETS = (
     "train.chunk_size=0",
     "train.dev_size=0",
     "train.epochs=1",
+    "train.lr=1e-3",  # one step that moves the towers: the two folds' encoders differ measurably
 )
 
 
@@ -88,9 +90,15 @@ def test_learned_variants_end_to_end(tmp_path, tqa_data, tiny_lm_dir, tqa_stages
     trained = []
     real_train = train_mod.train
 
+    kill_fold = {"name": None}
+
     def spy(cfg, data, out, fp, **kw):
+        if out.name == kill_fold["name"]:
+            kill_fold["name"] = None
+            raise KeyboardInterrupt("killed while training " + out.name)
+        res = real_train(cfg, data, out, fp, **kw)
         trained.append((out.name, [lab.qid for lab in data.labels]))
-        return real_train(cfg, data, out, fp, **kw)
+        return res
 
     monkeypatch.setattr(train_mod, "train", spy)
     monkeypatch.setattr(learned, "LABEL_CHUNK", 5)
@@ -103,10 +111,17 @@ def test_learned_variants_end_to_end(tmp_path, tqa_data, tiny_lm_dir, tqa_stages
     calls["fail_at"] = None
     before = len(calls["take"]()["prompts"])
     assert before == 7
-    ran = pipeline.run(ctx, until="tqa_report")
-    assert ran == ["tqa_labels", "tqa_encoders", "tqa_contexts", "tqa_score", "tqa_report"]
+    # then killed while training fold 1: the finished fold 0 is not trained again
+    kill_fold["name"] = "fold-1"
+    with pytest.raises(KeyboardInterrupt):
+        pipeline.run(ctx, until="tqa_report")
     label_prompts = [p for p in calls["take"]()["prompts"] if p.count("Q: ") == 2]
     assert len(label_prompts) == 16 - 5  # 4 questions x L = 4; the first chunk of 5 came from the cache
+    assert [name for name, _ in trained] == ["fold-0"]
+    ran = pipeline.run(ctx, until="tqa_report")
+    assert ran == ["tqa_encoders", "tqa_contexts", "tqa_score", "tqa_report"]
+    assert [name for name, _ in trained] == ["fold-0", "fold-1"]
+    assert not list(ctx.stage_dir("tqa_encoders").glob("fold-*/done.json"))  # a forced rerun retrains all
 
     rows = [json.loads(line) for line in (tqa_data / "truthfulqa" / "truthfulqa.2021-10.jsonl").open()]
     data = build_sets([{**r, "question": r["question"].strip()} for r in rows])
@@ -135,14 +150,29 @@ def test_learned_variants_end_to_end(tmp_path, tqa_data, tiny_lm_dir, tqa_stages
         f = int(name.split("-")[1])
         assert qids and all(folds[q - n_icl] != f for q in qids)
 
+    # each question is embedded by its own fold's towers (the folds' encoders differ)
+    got_folds, q_learned, icl_learned = learned.fold_embeddings(ctx, data, [0, 1, 2, 3])
+    assert got_folds == folds
+    models = [
+        DualEncoder.from_pretrained(str(ctx.stage_dir("tqa_encoders") / f"fold-{f}" / "model"))
+        for f in (0, 1)
+    ]
+    demos = [demo_text(q, a).strip() for _, q, a in data.icl]
+    assert not np.allclose(models[0].encode(demos, "prompt"), models[1].encode(demos, "prompt"), atol=1e-4)
+    for f in (0, 1):
+        np.testing.assert_allclose(icl_learned[f], models[f].encode(demos, "prompt"), atol=1e-6)
+    for qi in range(4):
+        own = [m.encode([data.rows[qi]["question"]], "query")[0] for m in models]
+        np.testing.assert_allclose(q_learned[qi], own[folds[qi]], atol=1e-6)
+        assert not np.allclose(q_learned[qi], own[1 - folds[qi]], atol=1e-4)
+
     # the epr sets: rel / rel+div with the fold's query and prompt towers
     meta = json.loads((ctx.stage_dir("tqa_contexts") / "contexts.json").read_text())
     sets = {s["name"]: s for s in meta["sets"]}
     icl_q = np.array([q for q, _, _ in data.icl])
-    demos = [demo_text(q, a).strip() for _, q, a in data.icl]
     k, ld, lb = ctx.cfg.ragsys.k, ctx.cfg.ragsys.lambda_d, ctx.cfg.ragsys.lambda_b
     for qi, got, got_div in zip(meta["subset"], sets["epr"]["demos"], sets["epr+div"]["demos"]):
-        m = DualEncoder.from_pretrained(str(ctx.stage_dir("tqa_encoders") / f"fold-{folds[qi]}" / "model"))
+        m = models[folds[qi]]
         q = m.encode([data.rows[qi]["question"]], "query")[0]
         emb = m.encode(demos, "prompt")
         zero = np.zeros(len(demos), dtype=np.float32)
@@ -184,3 +214,36 @@ def test_config_rejects_bad_learned_settings(tmp_path, tqa_data, tiny_lm_dir):
         tqa_ctx(tmp_path, tqa_data, tiny_lm_dir, "truthfulqa.label_candidates=1")
     with pytest.raises(ConfigError, match="variants"):
         tqa_ctx(tmp_path, tqa_data, tiny_lm_dir, "truthfulqa.variants=[rel, epr+bias]")
+
+
+def test_plans_that_would_fail_after_the_labels_are_named_first(tmp_path, tqa_data, tiny_lm_dir):
+    from epr.types import InputError
+
+    ok = tqa_ctx(tmp_path, tqa_data, tiny_lm_dir, *LEARNED_SETS)
+    learned.check_plan(ok.cfg, 4)
+    for extra, n, match in (
+        (["truthfulqa.label_candidates=2", "labels.k_pos=2"], 4, "no hard negative"),
+        (["truthfulqa.folds=3"], 2, "only 2 questions"),
+        (["train.dev_size=1"], 4, "cannot hold out"),  # folds of 2: each trains on 2 labels, batch 2
+    ):
+        with pytest.raises(InputError, match=match):
+            learned.check_plan(tqa_ctx(tmp_path, tqa_data, tiny_lm_dir, *LEARNED_SETS, *extra).cfg, n)
+
+
+@pytest.mark.skipif(
+    not Path("../shared/data/truthfulqa/truthfulqa.2021-10.jsonl").is_file(), reason="the shared data"
+)
+def test_runs_without_learned_variants_keep_their_fingerprints():
+    """The six-variant runs behind results/truthfulqa keep the keys they had before the learned variants (values
+    computed with the code before them, commit 0844363): no committed run turns stale."""
+    from epr import pipeline
+    from epr.config import load_config
+    from epr.context import Context
+
+    ctx = Context(load_config(["configs/truthfulqa.yaml"], ["truthfulqa.limit=50"]))
+    got = {s: pipeline.stage_fingerprint(ctx, s) for s in ("tqa_contexts", "tqa_score", "tqa_report")}
+    assert got == {
+        "tqa_contexts": "dda6c27c0426f5cf",
+        "tqa_score": "25285f3bde67ba38",
+        "tqa_report": "add89ef302a6774d",
+    }
