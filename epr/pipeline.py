@@ -20,7 +20,7 @@ from epr.context import Context
 from epr.lm.factory import scoring_key
 from epr.stages import candidates, data, encoder, evaluate, labels, predict, prompts, rerank, retrieve, scores
 from epr.truthfulqa import stage as tqa
-from epr.types import UpstreamError
+from epr.types import ConfigError, UpstreamError
 
 __all__ = ["Stage", "STAGES", "ALIASES", "stage_fingerprint", "status", "run_stage", "run"]
 
@@ -251,8 +251,17 @@ def run(ctx: Context, until: str = "labels", force: tuple[str, ...] = ()) -> lis
     """Run every stale or missing stage up to ``until``; returns the stages that ran."""
     until = ALIASES.get(until, until)
     force = tuple(ALIASES.get(f, f) for f in force)
+    order = upstream(ctx, until)
+    outside = [f for f in force if f not in order]
+    if (
+        outside
+    ):  # a forced rerun that would silently not happen (a stage this config does not need, or past `until`)
+        raise ConfigError(
+            f"--force {', '.join(outside)}: not a stage of this run (up to {until}, with this config: "
+            f"{', '.join(order)})"
+        )
     ran = []
-    for name in upstream(ctx, until):
+    for name in order:
         if run_stage(ctx, name, force=name in force):
             ran.append(name)
     return ran

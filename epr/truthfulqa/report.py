@@ -65,6 +65,8 @@ def _notes(info: dict) -> list[str]:
         f"so no context scores {-0.6931 * info['dpo_here'] / max(info['questions'], 1):.2f}): the scale the "
         "paper's DPO column appears to use (-12 to -34); we could not confirm its aggregation from its text. "
         "Compare orderings with the paper, not values.",
+        "Mean pairwise cos: the chosen demonstrations' mean pairwise cosine in the frozen relevance encoder's "
+        "space for every variant (the learned `epr` rows included, so the column compares like with like).",
         f"95% bootstrap intervals over questions ({N_BOOT} resamples) in brackets. Paper: SPEC 3.6 (DPO, MC1, "
         "paper-MC2, paper-MC3).",
     ]

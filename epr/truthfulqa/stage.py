@@ -146,6 +146,7 @@ def run_contexts(ctx, out: Path, fp: str) -> dict:
                 )
                 for qi in subset
             ]
+        # in the frozen encoder's space for every variant, learned ones too: one yardstick for the column
         s["mean_pairwise_cosine"] = tqa.mean_pairwise_cosine(icl_emb, s["demos"])
     meta = {
         "version": cfg.truthfulqa.version,

@@ -6,6 +6,7 @@ from epr import pipeline
 from epr.config import load_config
 from epr.context import Context
 from epr.stages import scores as scores_stage
+from epr.types import ConfigError
 from tests.conftest import torchrun
 
 
@@ -264,3 +265,11 @@ def test_locked_part_is_the_rest_of_the_eval_split_and_training_is_shared(
     assert locked.stage_dir("labels") == dev.stage_dir("labels")
     assert locked.stage_dir("retrieve") != dev.stage_dir("retrieve")
     assert locked.stage_dir("retrieve").parent.name == "locked"
+
+
+def test_forcing_a_stage_the_run_does_not_reach_is_an_error(tmp_path, tiny_task_files, tiny_lm_dir):
+    ctx = make_ctx(tmp_path, tiny_task_files, tiny_lm_dir)
+    with pytest.raises(ConfigError, match="--force encoder: not a stage of this run") as e:
+        pipeline.run(ctx, until="candidates", force=("encoder",))
+    assert "examples, candidates" in str(e.value)  # names what the run would do
+    assert set(pipeline.status(ctx).values()) == {"missing"}  # refused before anything ran
