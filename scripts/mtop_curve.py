@@ -475,13 +475,16 @@ def _write(out: Path, rows: list[dict], a, t0: float) -> None:
         typical = "" if med is None else f"; median {med:+.2f}, {100 * win:.0f}% higher"
         return f"{r[k]:+.3f} ({r[f'logprob_p_vs_{b}']:.2g}{typical})"
 
+    def seeds(r: dict) -> str:  # which seed a single-seed learned row is, so its lines can be told apart
+        return f"1 (seed {r['seed']})" if r["seeds"] == 1 and r.get("seed") is not None else str(r["seeds"])
+
     for r in slim:
         f = lambda v, d=1: "" if v is None else (f"{v:.{d}f}" if isinstance(v, float) else str(v))  # noqa: E731
         p = lambda v: "" if v is None else f"{v:.3g}"  # noqa: E731
         g = r["oracle_gap_captured"]
         gp = " / ".join("" if g[m] is None else f"{g[m]:.2f}" for m in ("gold_logprob", "em"))
         lines.append(
-            f"| {r['retriever']} | {r['loss'] or ''} | {r['labels'] or ''} | {r['seeds']} | {f(r['gold_logprob'], 3)} | "
+            f"| {r['retriever']} | {r['loss'] or ''} | {r['labels'] or ''} | {seeds(r)} | {f(r['gold_logprob'], 3)} | "
             f"{r['gold_logprob_ci'][0]:.3f} to {r['gold_logprob_ci'][1]:.3f} | {gain(r, 'bm25')} | {gain(r, 'sbert')} | "
             f"{r['dpo']:.2e} | {f(r['em'])} | "
             f"{p(r['p_vs_bm25'])} | {p(r['p_vs_sbert'])} | {gp} |"

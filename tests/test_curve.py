@@ -112,7 +112,11 @@ def test_pooled_rows_em_tests_gap_and_row_shape(curve, tmp_path):
     assert p["logprob_median_gain_vs_bm25"] == pytest.approx(np.median(d))
     assert p["logprob_win_rate_vs_bm25"] == pytest.approx(np.mean(d > 0))
     assert p["logprob_gain_vs_bm25"] == pytest.approx(np.mean(d))
-    assert "| seeds |" in (tmp_path / "curve.md").read_text() and (tmp_path / "curve.png").exists()
+    md = (tmp_path / "curve.md").read_text()
+    assert "| seeds |" in md and (tmp_path / "curve.png").exists()
+    assert (
+        all(f"| 1 (seed {s}) |" in md for s in seeds) and "| distill | 100 | 3 |" in md
+    )  # seed rows told apart
 
     curve.save_em(tmp_path / "rows", "bm25", ref)
     with gzip.open(tmp_path / "rows" / "em-bm25.json.gz", "rt") as f:
