@@ -398,7 +398,7 @@ def test_blocks_run_elsewhere_exist_and_their_tests_read_them(key):
 # ---- paths, modules and links in the text ---------------------------------------------------------------------
 
 TOP = "configs|results|benchmarks|scripts|training|docs|ragsys"
-PATH = re.compile(rf"(?<![\w./-])((?:{TOP}|epr|tests)/[\w./*-]*\w/?|(?:{TOP}|epr|tests)/)(?![\w-])")
+PATH = re.compile(rf"(?<![\w./-])((?:{TOP}|epr|tests)/[\w./*@-]*\w/?|(?:{TOP}|epr|tests)/)(?![\w-])")
 MODULE = re.compile(r"(?<![\w./-])(epr(?:\.[A-Za-z_]\w*)+)")
 
 
