@@ -369,7 +369,7 @@ def _attach_em(rows: list[dict], em: dict[str, dict]) -> None:
             if row["seeds"] > 1:
                 per_seed = [100.0 * float(np.mean(c)) for c in np.array_split(e["correct"], row["seeds"])]
                 row["em_seed_values"], row["em_sd"] = per_seed, float(np.std(per_seed, ddof=1))
-            row["em_n"] = len(e["correct"])
+            row["em_n"] = len(e["correct"]) // k  # evaluation examples (a pooled row holds k predictions each)
 
 
 def paired_logprob(a: list, b: list) -> tuple[float, float, float, float]:

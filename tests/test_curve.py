@@ -80,7 +80,7 @@ def test_pooled_rows_em_tests_gap_and_row_shape(curve, tmp_path):
     assert curve.paired_p(curve.pooled(mixed), {**ref, "correct": [True] * n}, 3) == pytest.approx(
         curve.mcnemar_exact(0, 29)  # all 3 seeds right on 11 examples (i % 4 == 0, and i = 1)
     )
-    assert pooled_em["em_n"] == 3 * n and pooled_em["em_sd"] == 0.0
+    assert pooled_em["em_n"] == n and pooled_em["em_sd"] == 0.0  # n counts examples, not examples x seeds
 
     a = argparse.Namespace(split="locked", name="mtop-curve", lms="scoring LM smollm2 (fp32)")
     curve._write(tmp_path, rows, a, 0.0)
@@ -101,6 +101,7 @@ def test_pooled_rows_em_tests_gap_and_row_shape(curve, tmp_path):
     ):
         assert k in p
     assert p["split"] == "locked"
+    assert p["n"] == n  # examples, as in the single-seed rows
     # (row - BM25) / (LM-Oracle - BM25), per metric
     assert p["oracle_gap_captured"]["gold_logprob"] == pytest.approx(
         (p["gold_logprob"] - np.mean(bm25)) / (np.mean(oracle) - np.mean(bm25))
