@@ -145,16 +145,19 @@ def cached_row(path: Path, key: dict, compute) -> dict:
 
 
 def em_rows(ctx: Context, retrievers: list[str]) -> dict[str, dict]:
-    """Run the compare stages (generation, resumable) for ``retrievers``; per-query correctness by retriever."""
+    """Run the compare stages (generation, resumable) for ``retrievers``; per-query correctness by retriever, and
+    the task's other exact-match metrics (``metrics``: BREAK's LF-EM beside its NEM)."""
     pipeline.run(ctx, until="evaluate")
     per_query = [
         json.loads(x) for x in (ctx.stage_dir("evaluate") / "per_query.jsonl").read_text().splitlines()
     ]
+    extra = list(ctx.task.extra_metrics)
     return {
         r: {
             "idx": [q["idx"] for q in per_query],
             "correct": [bool(q[r]["correct"]) for q in per_query],
             "prediction": [q[r]["prediction"] for q in per_query],
+            **({"metrics": {m: [bool(q[r][m]) for q in per_query] for m in extra}} if extra else {}),
         }
         for r in retrievers
     }
@@ -172,18 +175,26 @@ def save_em(rows_dir: Path, name: str, e: dict) -> None:
 
 def pooled(es: list[dict]) -> dict:
     """Several seeds' EM rows as one: examples x seeds, paired against a reference repeated per seed."""
-    return {k: [x for e in es for x in e[k]] for k in ("idx", "correct", "prediction")}
+    out = {k: [x for e in es for x in e[k]] for k in ("idx", "correct", "prediction")}
+    if "metrics" in es[0]:
+        out["metrics"] = {m: [x for e in es for x in e["metrics"][m]] for m in es[0]["metrics"]}
+    return out
 
 
-def paired_p(e: dict, ref: dict, k: int = 1) -> float:
+def em_values(e: dict, metric: str = "correct") -> list:
+    """Per-example correctness under ``metric``: ``correct`` (the task's exact match) or one of ``metrics``."""
+    return e["correct"] if metric == "correct" else e["metrics"][metric]
+
+
+def paired_p(e: dict, ref: dict, k: int = 1, metric: str = "correct") -> float:
     """Exact sign test, one pair per example, of a row's correctness (with ``k`` seeds pooled: the seeds' mean
     correctness) against a reference's; with one seed, the exact McNemar test. The seeds of an example are not
     independent examples: pairing examples x seeds with a repeated reference would count each example k times."""
     n = len(ref["correct"])
     if len(e["correct"]) != k * n or any(e["idx"][s * n : (s + 1) * n] != ref["idx"] for s in range(k)):
         raise ValueError("paired test on different examples")
-    mean = np.mean(np.reshape(np.asarray(e["correct"], dtype=float), (k, n)), axis=0)
-    r = np.asarray(ref["correct"], dtype=float)
+    mean = np.mean(np.reshape(np.asarray(em_values(e, metric), dtype=float), (k, n)), axis=0)
+    r = np.asarray(em_values(ref, metric), dtype=float)
     return mcnemar_exact(int(np.sum(mean > r)), int(np.sum(mean < r)))
 
 
@@ -369,7 +380,16 @@ def _attach_em(rows: list[dict], em: dict[str, dict]) -> None:
             if row["seeds"] > 1:
                 per_seed = [100.0 * float(np.mean(c)) for c in np.array_split(e["correct"], row["seeds"])]
                 row["em_seed_values"], row["em_sd"] = per_seed, float(np.std(per_seed, ddof=1))
-            row["em_n"] = len(e["correct"]) // k  # evaluation examples (a pooled row holds k predictions each)
+            row["em_n"] = (
+                len(e["correct"]) // k
+            )  # evaluation examples (a pooled row holds k predictions each)
+            row["em_metrics"] = list(e.get("metrics", {}))
+            for m in row["em_metrics"]:  # the task's other exact-match metrics, with the same tests
+                row[m] = 100.0 * float(np.mean(e["metrics"][m]))
+                for b in ("bm25", "sbert"):
+                    ref = em.get(b)
+                    ok = ref is not None and key != b
+                    row[f"{m}_p_vs_{b}"] = paired_p(e, ref, k, m) if ok else None
 
 
 def paired_logprob(a: list, b: list) -> tuple[float, float, float, float]:
@@ -398,6 +418,7 @@ def _write(out: Path, rows: list[dict], a, t0: float) -> None:
                     r[f"logprob_win_rate_vs_{b}"],
                 ) = paired_logprob(r["per_query_logprob"], ref[b])
     gap = {m: {r["retriever"]: r.get(m) for r in rows if r["loss"] is None} for m in ("gold_logprob", "em")}
+    extra = sorted({m for r in rows for m in r.get("em_metrics", ())})  # e.g. BREAK's lf_em
 
     def captured(r: dict, m: str):
         """(row - BM25) / (LM-Oracle - BM25) on the same examples and metric."""
@@ -439,6 +460,7 @@ def _write(out: Path, rows: list[dict], a, t0: float) -> None:
                 for k in ("em_sd", "em_seed_values", "gold_logprob_sd", "gold_logprob_seed_values")
                 if k in r
             },
+            **{k: v for k, v in r.items() if any(k == m or k.startswith(m + "_p_vs_") for m in extra)},
             "train_seconds_or_eval_seconds": r.get("seconds"),
         }
         for r in rows
@@ -453,7 +475,12 @@ def _write(out: Path, rows: list[dict], a, t0: float) -> None:
         "log sigmoid(gold log-prob - without demonstrations). Δ: mean paired gain in gold log-prob over BM25 / SBERT "
         "on the same examples (p: Wilcoxon signed-rank; the median paired gain and the share of examples where the row "
         "is higher: the mean is heavy-tailed). EM: exact match (%), p: exact McNemar vs BM25 / SBERT "
-        "on the same examples.",
+        "on the same examples"
+        + (
+            f"; the task's other exact-match metrics ({', '.join(extra)}) with the same tests."
+            if extra
+            else "."
+        ),
         "",
         f"Split: **{slim[0]['split'] if slim else a.split}** (dev: the curve's seeded subset every choice was made "
         "on; locked: the rest of the validation split, evaluated once with the settings fixed beforehand). Seeds: "
@@ -463,8 +490,10 @@ def _write(out: Path, rows: list[dict], a, t0: float) -> None:
         "(gold log-prob; EM where both are measured).",
         "",
         "| retriever | loss | labels | seeds | gold log-prob | 95% CI | Δ vs BM25 (p) | Δ vs SBERT (p) | DPO | EM | "
-        "EM p vs BM25 | EM p vs SBERT | gap (log-prob / EM) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "EM p vs BM25 | EM p vs SBERT | "
+        + "".join(f"{m} | {m} p vs BM25 | {m} p vs SBERT | " for m in extra)
+        + "gap (log-prob / EM) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|" + "---|" * (3 * len(extra)) + "---|",
     ]
 
     def gain(r: dict, b: str) -> str:
@@ -487,7 +516,12 @@ def _write(out: Path, rows: list[dict], a, t0: float) -> None:
             f"| {r['retriever']} | {r['loss'] or ''} | {r['labels'] or ''} | {seeds(r)} | {f(r['gold_logprob'], 3)} | "
             f"{r['gold_logprob_ci'][0]:.3f} to {r['gold_logprob_ci'][1]:.3f} | {gain(r, 'bm25')} | {gain(r, 'sbert')} | "
             f"{r['dpo']:.2e} | {f(r['em'])} | "
-            f"{p(r['p_vs_bm25'])} | {p(r['p_vs_sbert'])} | {gp} |"
+            f"{p(r['p_vs_bm25'])} | {p(r['p_vs_sbert'])} | "
+            + "".join(
+                f"{f(r.get(m))} | {p(r.get(f'{m}_p_vs_bm25'))} | {p(r.get(f'{m}_p_vs_sbert'))} | "
+                for m in extra
+            )
+            + f"{gp} |"
         )
     (out / "curve.md").write_text("\n".join(lines) + "\n")
     _plot(out, slim)

@@ -157,3 +157,39 @@ def test_each_dataset_curve_config_has_a_dev_and_a_locked_part_of_1000(dataset):
         assert len(pool) >= 2000
     assert len(parts["dev"]) >= 1000 and len(parts["locked"]) >= 1000, {k: len(v) for k, v in parts.items()}
     assert not parts["dev"] & parts["locked"]
+
+
+def test_extra_exact_match_metrics_get_their_own_paired_tests(curve, tmp_path):
+    """BREAK reports LF-EM beside NEM: each extra metric gets its rate and McNemar tests, pooled like EM."""
+    n, seeds = 30, [42, 1]
+    idx = list(range(n))
+    ref = {
+        "idx": idx,
+        "correct": [False] * n,
+        "prediction": ["x"] * n,
+        "metrics": {"lf_em": [i < 5 for i in idx]},
+    }
+    rows = [_row("bm25", None, None, np.zeros(n)), _row("sbert", None, None, np.zeros(n))]
+    rows += [_row(curve.seeded("epr@100-distill", s), "distill", 100, np.zeros(n), s) for s in seeds]
+    curve._add_pooled(rows, 100, "distill", seeds)
+    em = {"bm25": ref, "sbert": {**ref, "metrics": {"lf_em": [False] * n}}}
+    for s in seeds:  # LF-EM right on 15 examples (BM25's 5 and 10 more); NEM as BM25's
+        em[curve.seeded("epr@100-distill", s)] = {**ref, "metrics": {"lf_em": [i < 15 for i in idx]}}
+    em["epr@100-distill-pooled"] = curve.pooled([em[curve.seeded("epr@100-distill", s)] for s in seeds])
+    assert len(em["epr@100-distill-pooled"]["metrics"]["lf_em"]) == 2 * n
+    curve._attach_em(rows, em)
+    single, pooled_em = rows[2], rows[-1]
+    assert single["lf_em"] == pooled_em["lf_em"] == pytest.approx(50.0)
+    assert single["lf_em_p_vs_bm25"] == pytest.approx(curve.mcnemar_exact(10, 0))
+    assert pooled_em["lf_em_p_vs_sbert"] == pytest.approx(curve.mcnemar_exact(15, 0))
+    assert single["p_vs_bm25"] == pytest.approx(1.0)  # NEM: no discordant pair
+    assert rows[0]["lf_em_p_vs_bm25"] is None  # a reference is not tested against itself
+
+    a = argparse.Namespace(split="dev", name="break-curve", lms="scoring LM smollm2 (fp32)")
+    curve._write(tmp_path, rows, a, 0.0)
+    out = json.loads((tmp_path / "curve.json").read_text())["rows"]
+    assert out[-1]["lf_em"] == pytest.approx(50.0) and "lf_em_p_vs_sbert" in out[-1]
+    md = (tmp_path / "curve.md").read_text()
+    assert "| lf_em | lf_em p vs BM25 | lf_em p vs SBERT |" in md and "(lf_em) with the same tests" in md
+    header, rule = [line for line in md.splitlines() if line.startswith("|")][:2]
+    assert header.count("|") == rule.count("|")
