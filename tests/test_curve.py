@@ -1,11 +1,11 @@
-"""scripts/mtop_curve.py's result rows: seeds pooled, exact match paired on the pooled predictions, the split and the
-fraction of the oracle gap in curve.json (synthetic rows: no model)."""
+"""The learning curve's result rows (epr.reports.curve, used by scripts/mtop_curve.py): seeds pooled, exact match
+paired on the pooled predictions, the split and the fraction of the oracle gap in curve.json (synthetic rows: no
+model)."""
 
 from __future__ import annotations
 
 import argparse
 import gzip
-import importlib.util
 import json
 from pathlib import Path
 
@@ -17,10 +17,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def curve():
-    spec = importlib.util.spec_from_file_location("mtop_curve_rows", ROOT / "scripts" / "mtop_curve.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    from epr.reports import curve
+
+    return curve
 
 
 def _row(name, loss, labels, lp, seed=None):
@@ -53,13 +52,13 @@ def test_pooled_rows_em_tests_gap_and_row_shape(curve, tmp_path):
         _row("sbert", None, None, bm25 - 1),
     ]
     rows += [_row(curve.seeded("epr@100-distill", s), "distill", 100, lp, s) for s, lp in zip(seeds, seed_lp)]
-    curve._add_pooled(rows, 100, "distill", seeds)
+    curve.add_pooled(rows, 100, "distill", seeds)
     pooled_row = rows[-1]
     assert pooled_row["name"] == "epr@100-distill-pooled" and pooled_row["seeds"] == 3
     assert pooled_row["gold_logprob"] == pytest.approx(np.mean([np.mean(x) for x in seed_lp]))
     np.testing.assert_allclose(pooled_row["per_query_logprob"], np.mean(seed_lp, axis=0))
     # a missing seed: no pooled row
-    assert curve._add_pooled(rows[:4], 100, "distill", seeds) is None and len(rows) == 7
+    assert curve.add_pooled(rows[:4], 100, "distill", seeds) is None and len(rows) == 7
 
     idx = list(range(n))
     ref = {"idx": idx, "correct": [i % 4 == 0 for i in idx], "prediction": ["x"] * n}
@@ -67,7 +66,7 @@ def test_pooled_rows_em_tests_gap_and_row_shape(curve, tmp_path):
     for s in seeds:  # every seed right where BM25 is, and on 10 more examples
         em[curve.seeded("epr@100-distill", s)] = {**ref, "correct": [i % 4 == 0 or i < 10 for i in idx]}
     em["epr@100-distill-pooled"] = curve.pooled([em[curve.seeded("epr@100-distill", s)] for s in seeds])
-    curve._attach_em(rows, em)
+    curve.attach_em(rows, em)
     single, pooled_em = rows[3], rows[-1]
     assert single["em"] == pooled_em["em"] == pytest.approx(100 * 17 / 40)
     # one pair per example, not per example x seed: identical seeds carry no more evidence than one seed
@@ -83,7 +82,7 @@ def test_pooled_rows_em_tests_gap_and_row_shape(curve, tmp_path):
     assert pooled_em["em_n"] == n and pooled_em["em_sd"] == 0.0  # n counts examples, not examples x seeds
 
     a = argparse.Namespace(split="locked", name="mtop-curve", lms="scoring LM smollm2 (fp32)")
-    curve._write(tmp_path, rows, a, 0.0)
+    curve.write_curve(tmp_path, rows, a, 0.0)
     out = json.loads((tmp_path / "curve.json").read_text())["rows"]
     by = {(r["retriever"], r["seeds"], r["seed"]): r for r in out}
     p = by[("epr", 3, None)]
@@ -171,13 +170,13 @@ def test_extra_exact_match_metrics_get_their_own_paired_tests(curve, tmp_path):
     }
     rows = [_row("bm25", None, None, np.zeros(n)), _row("sbert", None, None, np.zeros(n))]
     rows += [_row(curve.seeded("epr@100-distill", s), "distill", 100, np.zeros(n), s) for s in seeds]
-    curve._add_pooled(rows, 100, "distill", seeds)
+    curve.add_pooled(rows, 100, "distill", seeds)
     em = {"bm25": ref, "sbert": {**ref, "metrics": {"lf_em": [False] * n}}}
     for s in seeds:  # LF-EM right on 15 examples (BM25's 5 and 10 more); NEM as BM25's
         em[curve.seeded("epr@100-distill", s)] = {**ref, "metrics": {"lf_em": [i < 15 for i in idx]}}
     em["epr@100-distill-pooled"] = curve.pooled([em[curve.seeded("epr@100-distill", s)] for s in seeds])
     assert len(em["epr@100-distill-pooled"]["metrics"]["lf_em"]) == 2 * n
-    curve._attach_em(rows, em)
+    curve.attach_em(rows, em)
     single, pooled_em = rows[2], rows[-1]
     assert single["lf_em"] == pooled_em["lf_em"] == pytest.approx(50.0)
     assert single["lf_em_p_vs_bm25"] == pytest.approx(curve.mcnemar_exact(10, 0))
@@ -186,7 +185,7 @@ def test_extra_exact_match_metrics_get_their_own_paired_tests(curve, tmp_path):
     assert rows[0]["lf_em_p_vs_bm25"] is None  # a reference is not tested against itself
 
     a = argparse.Namespace(split="dev", name="break-curve", lms="scoring LM smollm2 (fp32)")
-    curve._write(tmp_path, rows, a, 0.0)
+    curve.write_curve(tmp_path, rows, a, 0.0)
     out = json.loads((tmp_path / "curve.json").read_text())["rows"]
     assert out[-1]["lf_em"] == pytest.approx(50.0) and "lf_em_p_vs_sbert" in out[-1]
     md = (tmp_path / "curve.md").read_text()

@@ -1,0 +1,293 @@
+"""The learning-curve rows (``scripts/mtop_curve.py``, any dataset): seeds pooled into one row, exact match and the
+gold log-prob paired against BM25 and SBERT on the same examples, the fraction of the BM25 -> LM-Oracle gap, and the
+``curve.json`` / ``curve.md`` / ``curve.png`` a results folder holds. Pure functions of the rows (no model): the
+script runs the stages and hands the rows here.
+
+A row is a dict ``{name, retriever, loss, labels, seed, seeds, split, n, gold_logprob, gold_logprob_ci, dpo,
+per_query_logprob}``; exact-match rows (``em``) are ``{idx, correct, prediction[, metrics]}`` per example."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from epr.reports.machine import describe, machine
+from epr.reports.stats import mcnemar_exact
+
+__all__ = [
+    "BASE_SEED",
+    "seeded",
+    "save_em",
+    "pooled",
+    "em_values",
+    "paired_p",
+    "add_pooled",
+    "attach_em",
+    "paired_logprob",
+    "write_curve",
+    "plot_curve",
+]
+
+
+BASE_SEED = 42  # TrainConfig.seed's default: the committed single-seed runs
+
+
+def seeded(name: str, seed: int) -> str:
+    """A run or row name for training seed ``seed`` (the base seed keeps the committed names)."""
+    return name if seed == BASE_SEED else f"{name}-s{seed}"
+
+
+def save_em(rows_dir: Path, name: str, e: dict) -> None:
+    """Per-example correctness and prediction of an exact-match row (gzipped JSON): every EM figure and McNemar
+    test can be recomputed from the repository."""
+    import gzip
+
+    rows_dir.mkdir(parents=True, exist_ok=True)
+    with gzip.open(rows_dir / f"em-{name}.json.gz", "wt", encoding="utf-8") as f:
+        json.dump(e, f)
+
+
+def pooled(es: list[dict]) -> dict:
+    """Several seeds' EM rows as one: examples x seeds, paired against a reference repeated per seed."""
+    out = {k: [x for e in es for x in e[k]] for k in ("idx", "correct", "prediction")}
+    if "metrics" in es[0]:
+        out["metrics"] = {m: [x for e in es for x in e["metrics"][m]] for m in es[0]["metrics"]}
+    return out
+
+
+def em_values(e: dict, metric: str = "correct") -> list:
+    """Per-example correctness under ``metric``: ``correct`` (the task's exact match) or one of ``metrics``."""
+    return e["correct"] if metric == "correct" else e["metrics"][metric]
+
+
+def paired_p(e: dict, ref: dict, k: int = 1, metric: str = "correct") -> float:
+    """Exact sign test, one pair per example, of a row's correctness (with ``k`` seeds pooled: the seeds' mean
+    correctness) against a reference's; with one seed, the exact McNemar test. The seeds of an example are not
+    independent examples: pairing examples x seeds with a repeated reference would count each example k times."""
+    n = len(ref["correct"])
+    if len(e["correct"]) != k * n or any(e["idx"][s * n : (s + 1) * n] != ref["idx"] for s in range(k)):
+        raise ValueError("paired test on different examples")
+    mean = np.mean(np.reshape(np.asarray(em_values(e, metric), dtype=float), (k, n)), axis=0)
+    r = np.asarray(em_values(ref, metric), dtype=float)
+    return mcnemar_exact(int(np.sum(mean > r)), int(np.sum(mean < r)))
+
+
+def add_pooled(rows: list[dict], n: int, loss: str, seeds: list[int]) -> None:
+    """A row pooling the seeds of one curve point: mean and spread of the seeds' gold log-probs; per example the
+    mean over seeds (the paired tests compare that with a reference on the same examples)."""
+    mine = [r for r in rows if r["loss"] == loss and r["labels"] == n and r["seeds"] == 1]
+    if len(seeds) < 2 or len(mine) < len(seeds):
+        return
+    per = np.array([[np.nan if v is None else v for v in r["per_query_logprob"]] for r in mine], dtype=float)
+    means = [r["gold_logprob"] for r in mine]
+    rows.append(
+        {
+            **{k: mine[0][k] for k in ("retriever", "loss", "labels", "split", "n")},
+            "name": f"epr@{n}-{loss}-pooled",
+            "seed": None,
+            "seeds": len(mine),
+            "gold_logprob": float(np.mean(means)),
+            "gold_logprob_sd": float(np.std(means, ddof=1)),
+            "gold_logprob_seed_values": means,
+            "gold_logprob_ci": [float(min(means)), float(max(means))],
+            "dpo": float(np.mean([r["dpo"] for r in mine])),
+            "per_query_logprob": [None if np.isnan(v) else float(v) for v in np.nanmean(per, axis=0)],
+        }
+    )
+
+
+def attach_em(rows: list[dict], em: dict[str, dict]) -> None:
+    for row in rows:
+        key = row["retriever"] if row["loss"] is None else row["name"]
+        if key in em:
+            e = em[key]
+            row["em"] = 100.0 * float(np.mean(e["correct"]))
+            k = row["seeds"]
+            for b in ("bm25", "sbert"):
+                ref = em.get(b)
+                ok = ref is not None and key != b
+                row[f"p_vs_{b}"] = paired_p(e, ref, k) if ok else None
+            if row["seeds"] > 1:
+                per_seed = [100.0 * float(np.mean(c)) for c in np.array_split(e["correct"], row["seeds"])]
+                row["em_seed_values"], row["em_sd"] = per_seed, float(np.std(per_seed, ddof=1))
+            row["em_n"] = (
+                len(e["correct"]) // k
+            )  # evaluation examples (a pooled row holds k predictions each)
+            row["em_metrics"] = list(e.get("metrics", {}))
+            for m in row["em_metrics"]:  # the task's other exact-match metrics, with the same tests
+                row[m] = 100.0 * float(np.mean(e["metrics"][m]))
+                for b in ("bm25", "sbert"):
+                    ref = em.get(b)
+                    ok = ref is not None and key != b
+                    row[f"{m}_p_vs_{b}"] = paired_p(e, ref, k, m) if ok else None
+
+
+def paired_logprob(a: list, b: list) -> tuple[float, float, float, float]:
+    """Per-example differences of gold log-probs (a - b, examples both scored): mean, Wilcoxon signed-rank p, median
+    and the fraction of examples where a is higher. The mean is heavy-tailed (a demonstration with the gold's parse
+    skeleton moves an example by ~10-20 nats: results/mtop-curve/diagnose-sbert.md), so the median and the win rate
+    say what the typical example does."""
+    from scipy.stats import wilcoxon
+
+    d = np.array([x - y for x, y in zip(a, b) if x is not None and y is not None])
+    if len(d) == 0 or not np.any(d):
+        return 0.0, 1.0, 0.0, 0.0
+    return float(d.mean()), float(wilcoxon(d).pvalue), float(np.median(d)), float(np.mean(d > 0))
+
+
+def write_curve(out: Path, rows: list[dict], a, t0: float) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    ref = {r["retriever"]: r["per_query_logprob"] for r in rows if r["loss"] is None}
+    for r in rows:
+        for b in ("bm25", "sbert"):
+            if b in ref and (r["retriever"] != b or r["loss"] is not None):
+                (
+                    r[f"logprob_gain_vs_{b}"],
+                    r[f"logprob_p_vs_{b}"],
+                    r[f"logprob_median_gain_vs_{b}"],
+                    r[f"logprob_win_rate_vs_{b}"],
+                ) = paired_logprob(r["per_query_logprob"], ref[b])
+    gap = {m: {r["retriever"]: r.get(m) for r in rows if r["loss"] is None} for m in ("gold_logprob", "em")}
+    extra = sorted({m for r in rows for m in r.get("em_metrics", ())})  # e.g. BREAK's lf_em
+
+    def captured(r: dict, m: str):
+        """(row - BM25) / (LM-Oracle - BM25) on the same examples and metric."""
+        b, o, v = gap[m].get("bm25"), gap[m].get("lm-oracle"), r.get(m)
+        return None if None in (b, o, v) or o == b else (v - b) / (o - b)
+
+    slim = [
+        {
+            "retriever": r["retriever"],
+            "loss": r["loss"],
+            "labels": r["labels"],
+            "split": r.get("split", "dev"),
+            "seeds": r.get("seeds", 1),
+            "seed": r.get("seed"),
+            "oracle_gap_captured": {m: captured(r, m) for m in ("gold_logprob", "em")},
+            "n": r.get("em_n", r["n"]),
+            "em": r.get("em"),
+            "p_vs_bm25": r.get("p_vs_bm25"),
+            "p_vs_sbert": r.get("p_vs_sbert"),
+            "gold_logprob": r["gold_logprob"],
+            "gold_logprob_ci": r["gold_logprob_ci"],
+            "dpo": r["dpo"],
+            **{
+                k: r[k]
+                for k in (
+                    "logprob_gain_vs_bm25",
+                    "logprob_p_vs_bm25",
+                    "logprob_median_gain_vs_bm25",
+                    "logprob_win_rate_vs_bm25",
+                    "logprob_gain_vs_sbert",
+                    "logprob_p_vs_sbert",
+                    "logprob_median_gain_vs_sbert",
+                    "logprob_win_rate_vs_sbert",
+                )
+                if k in r
+            },
+            **{
+                k: r[k]
+                for k in ("em_sd", "em_seed_values", "gold_logprob_sd", "gold_logprob_seed_values")
+                if k in r
+            },
+            **{k: v for k, v in r.items() if any(k == m or k.startswith(m + "_p_vs_") for m in extra)},
+            "train_seconds_or_eval_seconds": r.get("seconds"),
+        }
+        for r in rows
+    ]
+    info = {"machine": machine(), "command": " ".join(sys.argv), "elapsed_seconds": round(time.time() - t0)}
+    (out / "curve.json").write_text(json.dumps({"info": info, "rows": slim}, indent=2) + "\n")
+    lines = [
+        f"# {a.name}: learning curve",
+        "",
+        f"Machine: {describe(info['machine'])}. Command: `{info['command']}`.",
+        f"Evaluation: {slim[0]['n'] if slim else 0} seeded evaluation examples of {a.name.split('-')[0]}; {a.lms}. Gold log-prob: log p(gold parse | prompt), nats, mean with 95% bootstrap interval; DPO: mean "
+        "log sigmoid(gold log-prob - without demonstrations). Δ: mean paired gain in gold log-prob over BM25 / SBERT "
+        "on the same examples (p: Wilcoxon signed-rank; the median paired gain and the share of examples where the row "
+        "is higher: the mean is heavy-tailed). EM: exact match (%), p: exact McNemar vs BM25 / SBERT "
+        "on the same examples"
+        + (
+            f"; the task's other exact-match metrics ({', '.join(extra)}) with the same tests."
+            if extra
+            else "."
+        ),
+        "",
+        f"Split: **{slim[0]['split'] if slim else a.split}** (dev: the curve's seeded subset every choice was made "
+        "on; locked: the rest of the validation split, evaluated once with the settings fixed beforehand). Seeds: "
+        "training seeds pooled in the row (pooled rows: mean over seeds, the interval column is the seeds' "
+        "min-max; EM p-values: exact sign test per example of the seeds' mean correctness vs the reference; "
+        "log-prob Δ: per example, the seeds' mean). Gap: the fraction of the BM25 → LM-Oracle gap captured "
+        "(gold log-prob; EM where both are measured).",
+        "",
+        "| retriever | loss | labels | seeds | gold log-prob | 95% CI | Δ vs BM25 (p) | Δ vs SBERT (p) | DPO | EM | "
+        "EM p vs BM25 | EM p vs SBERT | "
+        + "".join(f"{m} | {m} p vs BM25 | {m} p vs SBERT | " for m in extra)
+        + "gap (log-prob / EM) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|" + "---|" * (3 * len(extra)) + "---|",
+    ]
+
+    def gain(r: dict, b: str) -> str:
+        k = f"logprob_gain_vs_{b}"
+        if k not in r:
+            return ""
+        med, win = r.get(f"logprob_median_gain_vs_{b}"), r.get(f"logprob_win_rate_vs_{b}")
+        typical = "" if med is None else f"; median {med:+.2f}, {100 * win:.0f}% higher"
+        return f"{r[k]:+.3f} ({r[f'logprob_p_vs_{b}']:.2g}{typical})"
+
+    def seeds(r: dict) -> str:  # which seed a single-seed learned row is, so its lines can be told apart
+        return f"1 (seed {r['seed']})" if r["seeds"] == 1 and r.get("seed") is not None else str(r["seeds"])
+
+    for r in slim:
+        f = lambda v, d=1: "" if v is None else (f"{v:.{d}f}" if isinstance(v, float) else str(v))  # noqa: E731
+        p = lambda v: "" if v is None else f"{v:.3g}"  # noqa: E731
+        g = r["oracle_gap_captured"]
+        gp = " / ".join("" if g[m] is None else f"{g[m]:.2f}" for m in ("gold_logprob", "em"))
+        lines.append(
+            f"| {r['retriever']} | {r['loss'] or ''} | {r['labels'] or ''} | {seeds(r)} | {f(r['gold_logprob'], 3)} | "
+            f"{r['gold_logprob_ci'][0]:.3f} to {r['gold_logprob_ci'][1]:.3f} | {gain(r, 'bm25')} | {gain(r, 'sbert')} | "
+            f"{r['dpo']:.2e} | {f(r['em'])} | "
+            f"{p(r['p_vs_bm25'])} | {p(r['p_vs_sbert'])} | "
+            + "".join(
+                f"{f(r.get(m))} | {p(r.get(f'{m}_p_vs_bm25'))} | {p(r.get(f'{m}_p_vs_sbert'))} | "
+                for m in extra
+            )
+            + f"{gp} |"
+        )
+    (out / "curve.md").write_text("\n".join(lines) + "\n")
+    plot_curve(out, slim)
+
+
+def plot_curve(out: Path, rows: list[dict]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, key, label in (
+        (axes[0], "gold_logprob", "gold log-prob (nats, higher is better)"),
+        (axes[1], "em", "exact match (%)"),
+    ):
+        refs = [r for r in rows if r["loss"] is None and r[key] is not None]
+        for i, r in enumerate(refs):
+            ax.axhline(r[key], ls="--", lw=1, color=f"C{i + 3}", label=r["retriever"])
+        for j, loss in enumerate(sorted({r["loss"] for r in rows if r["loss"]})):
+            best = {}  # per point: the pooled row where seeds were pooled, else the base seed's
+            for r in rows:
+                if r["loss"] == loss and r[key] is not None and (r["seeds"] > 1 or r["seed"] == BASE_SEED):
+                    if r["labels"] not in best or r["seeds"] > best[r["labels"]]["seeds"]:
+                        best[r["labels"]] = r
+            pts = sorted((n, r[key]) for n, r in best.items())
+            if pts:
+                ax.plot(*zip(*pts), "o-", color=f"C{j}", label=f"EPR ({loss})")
+        ax.set(xscale="log", xlabel="LM-labelled training examples", ylabel=label)
+        ax.legend(fontsize=7)
+    axes[0].set_title("dense metric, every point")
+    axes[1].set_title("exact match, deciding rows")
+    fig.tight_layout()
+    fig.savefig(out / "curve.png", dpi=120)
+    plt.close(fig)
