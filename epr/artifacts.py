@@ -20,6 +20,7 @@ from epr.types import InputError
 
 __all__ = [
     "atomic_write_text",
+    "atomic_write_bytes",
     "file_mode",
     "dir_mode",
     "remove_stale_temps",
@@ -139,13 +140,18 @@ def prune_outputs(stage_dir: str | Path, produced: Iterable[str]) -> list[str]:
 def atomic_write_text(path: str | Path, text: str) -> None:
     """Write ``text`` to ``path`` through a temp file and ``os.replace``: readers never see half a file. The file
     gets the mode the umask gives a new file (not the temp file's 0600)."""
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    """:func:`atomic_write_text` for bytes (a compressed file, an image)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = _temp(path)
     try:
         os.fchmod(fd, file_mode())
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

@@ -36,6 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from epr import pipeline  # noqa: E402
+from epr.artifacts import atomic_write_text  # noqa: E402
 from epr.config import load_config  # noqa: E402
 from epr.context import Context  # noqa: E402
 from epr.reports.curve import (  # noqa: E402  (the rows' math and files; re-exported for scripts/curve_diagnose.py)
@@ -140,8 +141,7 @@ def cached_row(path: Path, key: dict, compute) -> dict:
             return row
     t = time.time()
     row = {"key": key, **compute(), "seconds": round(time.time() - t, 1)}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(row) + "\n")
+    atomic_write_text(path, json.dumps(row) + "\n")  # a kill mid-write leaves the old row or none
     return row
 
 

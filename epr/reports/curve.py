@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from epr.artifacts import atomic_write_bytes, atomic_write_text
 from epr.reports.machine import describe, machine
 from epr.reports.stats import mcnemar_exact
 
@@ -42,13 +43,13 @@ def seeded(name: str, seed: int) -> str:
 
 
 def save_em(rows_dir: Path, name: str, e: dict) -> None:
-    """Per-example correctness and prediction of an exact-match row (gzipped JSON): every EM figure and McNemar
-    test can be recomputed from the repository."""
+    """Per-example correctness and prediction of an exact-match row (gzipped JSON, written atomically and without
+    a timestamp: the same row gives the same bytes): every EM figure and McNemar test can be recomputed from the
+    repository."""
     import gzip
 
-    rows_dir.mkdir(parents=True, exist_ok=True)
-    with gzip.open(rows_dir / f"em-{name}.json.gz", "wt", encoding="utf-8") as f:
-        json.dump(e, f)
+    data = gzip.compress(json.dumps(e).encode("utf-8"), mtime=0)
+    atomic_write_bytes(rows_dir / f"em-{name}.json.gz", data)
 
 
 def pooled(es: list[dict]) -> dict:
@@ -200,7 +201,7 @@ def write_curve(out: Path, rows: list[dict], a, t0: float) -> None:
         for r in rows
     ]
     info = {"machine": machine(), "command": " ".join(sys.argv), "elapsed_seconds": round(time.time() - t0)}
-    (out / "curve.json").write_text(json.dumps({"info": info, "rows": slim}, indent=2) + "\n")
+    atomic_write_text(out / "curve.json", json.dumps({"info": info, "rows": slim}, indent=2) + "\n")
     lines = [
         f"# {a.name}: learning curve",
         "",
@@ -257,7 +258,7 @@ def write_curve(out: Path, rows: list[dict], a, t0: float) -> None:
             )
             + f"{gp} |"
         )
-    (out / "curve.md").write_text("\n".join(lines) + "\n")
+    atomic_write_text(out / "curve.md", "\n".join(lines) + "\n")
     plot_curve(out, slim)
 
 
