@@ -79,10 +79,14 @@ class ScoreCache:
         self._mem.update(new)
 
 
-def cached_scores(scorer, cache: ScoreCache | None, contexts: list[str], targets: list[str], name: str):
+def cached_scores(
+    scorer, cache: ScoreCache | None, contexts: list[str], targets: list[str], name: str, chunk: int = 256
+):
     """``(n,) float64`` log p(target | context) from ``cache`` where it has them, else from ``scorer`` (added to
-    the cache under ``name``); NaN for a pair longer than the LM's context."""
+    the cache under ``name`` every ``chunk`` pairs, so a killed run loses at most one chunk); NaN for a pair longer
+    than the LM's context. A progress bar when more than one chunk is to be scored."""
     import numpy as np
+    from tqdm.auto import tqdm
 
     known = cache.get(contexts, targets) if cache is not None else [None] * len(contexts)
     out = np.array([np.nan if v is None else v for v in known], dtype=np.float64)
@@ -92,13 +96,15 @@ def cached_scores(scorer, cache: ScoreCache | None, contexts: list[str], targets
     pairs = scorer.encode([contexts[i] for i in todo], [targets[i] for i in todo])
     long = set(scorer.too_long(pairs))
     ok = [j for j in range(len(todo)) if j not in long]
-    if not ok:
-        return out
-    c_ok, t_ok = [contexts[todo[j]] for j in ok], [targets[todo[j]] for j in ok]
-    vals = np.round(scorer.score_pairs(c_ok, t_ok, [pairs[j] for j in ok]), 4)
-    out[[todo[j] for j in ok]] = vals
-    if cache is not None:
-        cache.put(c_ok, t_ok, list(vals), name)
+    with tqdm(total=len(ok), desc=f"scoring [{name}]", unit="seq", disable=len(ok) <= chunk) as bar:
+        for a in range(0, len(ok), chunk):
+            part = ok[a : a + chunk]
+            c_ok, t_ok = [contexts[todo[j]] for j in part], [targets[todo[j]] for j in part]
+            vals = np.round(scorer.score_pairs(c_ok, t_ok, [pairs[j] for j in part]), 4)
+            out[[todo[j] for j in part]] = vals
+            if cache is not None:
+                cache.put(c_ok, t_ok, list(vals), name)
+            bar.update(len(part))
     return out
 
 

@@ -87,3 +87,46 @@ def test_a_bad_file_is_named_and_nothing_is_written(tmp_path, content, match, ca
     err = capsys.readouterr().err
     assert match in err and str(f) in err
     assert not list((tmp_path / "r").rglob("shard-*"))
+
+
+class _CountingScorer:
+    """A stand-in scorer: log p = -(len(context) + len(target)); pairs over 50 characters are 'too long'; raises
+    on the call after ``fail_after`` calls (a killed run)."""
+
+    def __init__(self, fail_after: int | None = None):
+        self.calls, self.scored, self.fail_after = 0, 0, fail_after
+
+    def encode(self, contexts, targets):
+        return list(zip(contexts, targets))
+
+    def too_long(self, pairs):
+        return [i for i, (c, t) in enumerate(pairs) if len(c) + len(t) > 50]
+
+    def score_pairs(self, contexts, targets, pairs):
+        if self.fail_after is not None and self.calls >= self.fail_after:
+            raise KeyboardInterrupt("killed")
+        self.calls += 1
+        self.scored += len(contexts)
+        return [-float(len(c) + len(t)) for c, t in zip(contexts, targets)]
+
+
+def test_cached_scores_fills_the_cache_chunk_by_chunk_and_resumes(tmp_path):
+    """A killed scoring pass keeps the chunks it finished: the rerun scores only the rest, and the values are those
+    of one unchunked pass (too-long pairs NaN and never cached)."""
+    import numpy as np
+
+    from epr.lm.score_cache import cached_scores
+
+    ctx = [f"q{i} " + "x" * (i % 7) for i in range(23)] + ["y" * 60]
+    tgt = [f"a{i}" for i in range(24)]
+    plain = cached_scores(_CountingScorer(), None, ctx, tgt, "gold", chunk=1000)
+    assert np.isnan(plain[-1]) and not np.isnan(plain[:-1]).any()
+
+    cache = ScoreCache(tmp_path, {"lm": "fake"})
+    with pytest.raises(KeyboardInterrupt):
+        cached_scores(_CountingScorer(fail_after=2), cache, ctx, tgt, "gold", chunk=5)
+    assert len(cache) == 10  # two chunks of five kept
+    again = _CountingScorer()
+    got = cached_scores(again, ScoreCache(tmp_path, {"lm": "fake"}), ctx, tgt, "gold", chunk=5)
+    assert again.scored == 13  # the 23 scorable pairs minus the 10 already cached
+    np.testing.assert_array_equal(got, plain)
