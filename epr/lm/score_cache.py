@@ -80,11 +80,18 @@ class ScoreCache:
 
 
 def cached_scores(
-    scorer, cache: ScoreCache | None, contexts: list[str], targets: list[str], name: str, chunk: int = 256
+    scorer,
+    cache: ScoreCache | None,
+    contexts: list[str],
+    targets: list[str],
+    name: str,
+    chunk: int = 256,
+    progress: bool = True,
 ):
     """``(n,) float64`` log p(target | context) from ``cache`` where it has them, else from ``scorer`` (added to
-    the cache under ``name`` every ``chunk`` pairs, so a killed run loses at most one chunk); NaN for a pair longer
-    than the LM's context. A progress bar when more than one chunk is to be scored."""
+        the cache under ``name`` every ``chunk`` pairs, so a killed run loses at most one chunk); NaN for a pair longer
+        than the LM's context. A progress bar when more than one chunk is to be scored (``progress=False``: the caller
+    shows its own)."""
     import numpy as np
     from tqdm.auto import tqdm
 
@@ -96,7 +103,9 @@ def cached_scores(
     pairs = scorer.encode([contexts[i] for i in todo], [targets[i] for i in todo])
     long = set(scorer.too_long(pairs))
     ok = [j for j in range(len(todo)) if j not in long]
-    with tqdm(total=len(ok), desc=f"scoring [{name}]", unit="seq", disable=len(ok) <= chunk) as bar:
+    with tqdm(
+        total=len(ok), desc=f"scoring [{name}]", unit="seq", disable=not progress or len(ok) <= chunk
+    ) as bar:
         for a in range(0, len(ok), chunk):
             part = ok[a : a + chunk]
             c_ok, t_ok = [contexts[todo[j]] for j in part], [targets[todo[j]] for j in part]

@@ -133,7 +133,7 @@ class LMOracleRetriever:
     def _scores(self, ctx: list[str], tgt: list[str]) -> np.ndarray:
         from epr.lm.score_cache import cached_scores
 
-        s = cached_scores(self.scorer, self.cache, ctx, tgt, "lm-oracle")
+        s = cached_scores(self.scorer, self.cache, ctx, tgt, "lm-oracle", progress=False)  # retrieve's bar
         return np.where(np.isnan(s), -np.inf, s)  # a candidate too long for the LM's context ranks last
 
     def retrieve(self, queries, k, exclude=None):
