@@ -104,27 +104,21 @@ def add_pooled(rows: list[dict], n: int, loss: str, seeds: list[int]) -> None:
 def attach_em(rows: list[dict], em: dict[str, dict]) -> None:
     for row in rows:
         key = row["retriever"] if row["loss"] is None else row["name"]
-        if key in em:
-            e = em[key]
-            row["em"] = 100.0 * float(np.mean(e["correct"]))
-            k = row["seeds"]
+        if key not in em:
+            continue
+        e, k = em[key], row["seeds"]
+        row["em_metrics"] = list(e.get("metrics", {}))
+        # the task's exact match ("em") and its other exact-match metrics, each with the same paired tests
+        for m, field in [("em", "correct"), *((m, m) for m in row["em_metrics"])]:
+            row[m] = 100.0 * float(np.mean(em_values(e, field)))
+            prefix = "" if m == "em" else f"{m}_"
             for b in ("bm25", "sbert"):
-                ref = em.get(b)
-                ok = ref is not None and key != b
-                row[f"p_vs_{b}"] = paired_p(e, ref, k) if ok else None
-            if row["seeds"] > 1:
-                per_seed = [100.0 * float(np.mean(c)) for c in np.array_split(e["correct"], row["seeds"])]
-                row["em_seed_values"], row["em_sd"] = per_seed, float(np.std(per_seed, ddof=1))
-            row["em_n"] = (
-                len(e["correct"]) // k
-            )  # evaluation examples (a pooled row holds k predictions each)
-            row["em_metrics"] = list(e.get("metrics", {}))
-            for m in row["em_metrics"]:  # the task's other exact-match metrics, with the same tests
-                row[m] = 100.0 * float(np.mean(e["metrics"][m]))
-                for b in ("bm25", "sbert"):
-                    ref = em.get(b)
-                    ok = ref is not None and key != b
-                    row[f"{m}_p_vs_{b}"] = paired_p(e, ref, k, m) if ok else None
+                ok = em.get(b) is not None and key != b
+                row[f"{prefix}p_vs_{b}"] = paired_p(e, em[b], k, field) if ok else None
+        if k > 1:
+            per_seed = [100.0 * float(np.mean(c)) for c in np.array_split(e["correct"], k)]
+            row["em_seed_values"], row["em_sd"] = per_seed, float(np.std(per_seed, ddof=1))
+        row["em_n"] = len(e["correct"]) // k  # evaluation examples (a pooled row holds k predictions each)
 
 
 def paired_logprob(a: list, b: list) -> tuple[float, float, float, float]:
