@@ -273,8 +273,28 @@ class PromptRetriever:
     def add(self, input: str, output: str) -> int:
         """Encode a new demonstration with the demonstration tower and add it to the pool and the index (no
         retraining); returns its pool id. Its quality bias, where the pool has them, is the pool's mean (scoring
-        it would need the LM)."""
-        ex = Example(len(self.pool), str(input), str(output), {})
+        it would need the LM). The texts follow a data file's rules (:func:`epr.tasks.base.field_text`: a number is
+        written as JSON writes it; an object, an array or None is a ``TypeError``); an empty one, or an output
+        holding the task's end marker, is a ``ValueError``; nothing is added then."""
+        from epr.tasks.base import field_text
+
+        texts = {}
+        for name, v in (("input", input), ("output", output)):
+            if v is None or isinstance(v, (dict, list, tuple, set)):
+                raise TypeError(
+                    f"add: {name} must be a str (or a number), got {type(v).__name__} ({v!r:.60})"
+                )
+            t = field_text(v, "add", name)
+            if t is None or not t.strip():
+                raise ValueError(
+                    f"add: {name} is empty (or only whitespace); a demonstration needs both texts"
+                )
+            texts[name] = t.strip()
+        if self.task.stop in texts["output"]:
+            raise ValueError(
+                f"add: output holds the task's end marker {self.task.stop!r}; generation ends an answer there"
+            )
+        ex = Example(len(self.pool), texts["input"], texts["output"], {})
         self.index.add(self.encoder.encode([demo_text(self.task, ex)], "prompt"))
         self.pool.append(ex)
         if self.quality is not None:

@@ -237,7 +237,7 @@ def open_text(path: Path, newline: str | None = None):
         raise FileNotFoundError(f"{path}: no such file")
     if path.is_dir():
         raise InputError(f"{path}: a folder, not a file; name the data file itself (e.g. {path}/train.jsonl)")
-    opener = gzip.open if path.suffix == ".gz" else open
+    opener = gzip.open if path.suffix.lower() == ".gz" else open
 
     def lines() -> Iterator[str]:
         n = 0

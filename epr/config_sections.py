@@ -92,6 +92,13 @@ class DataConfig:
     input_field: str = opt("input", "generic task (jsonl): the column holding the input")
     output_field: str = opt("output", "generic task (jsonl): the column holding the output")
 
+    def __post_init__(self):
+        if self.input_field == self.output_field:
+            raise ConfigError(
+                f"config data.input_field and data.output_field are both {self.input_field!r}: the retriever would "
+                "learn to copy its input; name two different columns"
+            )
+
 
 @dataclass(frozen=True)
 class ModelsConfig:

@@ -45,9 +45,10 @@ def _examples_keys(ctx: Context) -> dict:
     data = {k: v for k, v in ctx.cfg.section("data").items() if k not in ("eval_limit", "eval_part")}
     keys: dict = {"data": data}
     # data files may be edited or replaced in place: their content is part of the key (hashed once per change)
-    files = [p for p in (ctx.cfg.data.path, ctx.cfg.data.eval_path) if p] or [
-        str(f) for f in ctx.task.data_files()
-    ]
+    # (every file the task reads, and data.path / data.eval_path even where a task reads its own files instead;
+    # named as given, so the keys of runs whose task reads exactly those files stay as they were)
+    files = [p for p in (ctx.cfg.data.path, ctx.cfg.data.eval_path) if p]
+    files += [str(f) for f in ctx.task.data_files() if Path(f) not in {Path(p) for p in files}]
     if files:
         keys["files"] = {p: cached_digest(p) for p in files}
     return keys

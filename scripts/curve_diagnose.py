@@ -86,9 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--set", action="append", default=[])
     a = ap.parse_args(argv)
-    from scipy.stats import wilcoxon
-
     from epr.lm.models import load_tokenizer_for
+    from epr.reports.curve import paired_logprob
 
     cfg0 = load_config([a.config], [f"run_root={a.run_root}", *a.set])
     a.name = cfg0.name
@@ -127,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
             em[k] = json.loads(gzip.open(f, "rt").read())["correct"]
     gold = np.array([x["gold_tokens"] for x in R])
     terc = np.quantile(gold, [1 / 3, 2 / 3])
+    mean, p, median, wins = paired_logprob(lp[row_name][ok].tolist(), lp[a.ref][ok].tolist())
     report = {
         "machine": machine(),
         "command": " ".join(sys.argv),
@@ -135,11 +135,11 @@ def main(argv: list[str] | None = None) -> int:
         "row": row_name,
         "n": int(ok.sum()),
         "diff": {
-            "mean": float(d.mean()),
-            "median": float(np.median(d)),
+            "mean": mean,
+            "median": median,
             "quantiles_10_25_75_90": [float(q) for q in np.quantile(d, [0.1, 0.25, 0.75, 0.9])],
-            "wins": float(np.mean(d > 0)),
-            "wilcoxon_p": float(wilcoxon(d).pvalue) if np.any(d) else 1.0,
+            "wins": wins,
+            "wilcoxon_p": p,
             "mean_without_top_and_bottom_5pct": float(
                 np.mean(np.sort(d)[len(d) // 20 : len(d) - len(d) // 20])
             ),

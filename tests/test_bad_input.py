@@ -48,6 +48,18 @@ DATA_CASES = {
     ),
     "csv-bad-quote": ("d.csv", csv_text([*GOOD_CSV, 'a "quoted" ,"unterminated']), (), "d.csv"),
     "csv-empty-file": ("d.csv", "", (), "d.csv: empty file"),
+    "csv-repeated-column": (
+        "d.csv",
+        "input,output,output\na,b,c\n",
+        (),
+        "d.csv:1: the header names column(s)",
+    ),
+    "csv-upper-case-suffix": (  # read as CSV (a .CSV was once parsed as JSON Lines: "malformed JSON")
+        "d.CSV",
+        csv_text([*GOOD_CSV[:3], "wake me at 7,[IN:ALARM [SL:TIME 7 , am ] ]", *GOOD_CSV[3:]]),
+        (),
+        "d.CSV:5: 3 fields, the header has 2",
+    ),
     "csv-header-only": ("d.csv", "input,output\n", (), "d.csv: no rows"),
     "csv-missing-column": ("d.csv", "question,answer\na,b\n", (), "missing column(s) ['input', 'output']"),
     "jsonl-empty-file": ("d.jsonl", "", (), "d.jsonl: no rows"),
@@ -258,6 +270,7 @@ CONFIG_SETS = {
     "null-int": ("candidates.L=null", "candidates.L"),
     "batch-size-one": ("train.batch_size=1", "train.batch_size"),
     "bad-server-url": ("server.base_url=localhost:8000", "server.base_url"),
+    "input-field-is-output-field": ("data.input_field=output", "both 'output'"),
     "server-retries": ("server.max_retries=-1", "max_retries"),
 }
 
@@ -431,6 +444,25 @@ def test_api_retrieve_arguments(retriever, query, k, exc, match):
         retriever.retrieve(query, k=k)
     with pytest.raises(exc, match=match):
         retriever.select(query, k=k)
+
+
+@pytest.mark.parametrize(
+    "inp,out,exc,match",
+    [
+        (None, "x", TypeError, "input must be a str"),
+        ("x", {"b": 1}, TypeError, "output must be a str"),
+        (["a"], "x", TypeError, "input must be a str"),
+        ("", "x", ValueError, "input is empty"),
+        ("x", "   ", ValueError, "output is empty"),
+        ("x", "two\nlines", ValueError, "end marker"),
+        ("x", float("nan"), Exception, "not a number"),
+    ],
+)
+def test_api_add_refuses_what_a_data_file_may_not_hold(retriever, inp, out, exc, match):
+    n, ntotal = len(retriever.pool), retriever.index.ntotal
+    with pytest.raises(exc, match=match):
+        retriever.add(inp, out)
+    assert (len(retriever.pool), retriever.index.ntotal) == (n, ntotal)  # nothing half-added
 
 
 def test_api_very_long_query_warns(retriever, caplog):

@@ -63,6 +63,8 @@ class LoadReport:
     kept: int = 0
     skipped: list[str] = field(default_factory=list)
     reasons: dict[str, int] = field(default_factory=dict)
+    repeated_in_pool: int = 0  # pool rows with the input and output of an earlier pool row (kept)
+    eval_in_pool: int = 0  # evaluation rows whose input and output are also a pool row (kept; see Task.load)
     LOG_EACH: ClassVar[int] = 3  # rows logged one by one per reason; the rest are counted in the summary
 
     def skip(self, where: str, why: str) -> None:
@@ -84,6 +86,8 @@ class LoadReport:
             "skipped": len(self.skipped),
             "skipped_by_reason": dict(self.reasons),
             "skipped_rows": self.skipped[:200],
+            "repeated_in_pool": self.repeated_in_pool,
+            "eval_in_pool": self.eval_in_pool,
         }
 
 
@@ -91,16 +95,23 @@ def read_table(path: str | Path, input_field: str, output_field: str) -> Iterabl
     """Rows of a JSONL (or JSON array) or CSV/TSV file (UTF-8, a leading byte-order mark allowed; ``.gz`` too) as
     (dict, 'file:line'), the input and output fields as text (:func:`field_text`).
 
-    CSV/TSV go through the ``csv`` module's dialect rules: quoted fields may hold commas, quotes (doubled) and
-    newlines. A record with more or fewer fields than the header (an unquoted comma in a field) raises
-    ``InputError`` naming the file and line instead of cutting the row. So do missing columns, bytes that are not
-    UTF-8, an empty file, and an input or output that is an object, an array or NaN."""
+    CSV goes through the ``csv`` module's dialect rules: quoted fields may hold commas, quotes (doubled) and
+    newlines. TSV is read as IANA's text/tab-separated-values defines it: one record per line, no quoting, so a
+    quote in a field is a quote (``he is 6'2"``) and can never join lines into one row. A record with more or fewer
+    fields than the header (an unquoted comma in a field) raises ``InputError`` naming the file and line instead of
+    cutting the row. So do missing or repeated columns, bytes that are not UTF-8, an empty file, and an input or
+    output that is an object, an array or NaN. The suffix decides the format, in any case (``.CSV``, ``.Tsv.GZ``)."""
     path = Path(path)
-    name = path.name.removesuffix(".gz")
+    name = path.name.lower().removesuffix(".gz")
     n = 0
     if name.endswith((".csv", ".tsv")):
+        tsv = name.endswith(".tsv")
         with open_text(path, newline="") as f:
-            reader = csv.reader(f, delimiter="\t" if name.endswith(".tsv") else ",", strict=True)
+            reader = (
+                csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE, strict=True)
+                if tsv
+                else csv.reader(f, delimiter=",", strict=True)
+            )
             try:
                 cols = next(reader, None)
                 if cols is None:
@@ -110,6 +121,12 @@ def read_table(path: str | Path, input_field: str, output_field: str) -> Iterabl
                 missing = [c for c in (input_field, output_field) if c not in cols]
                 if missing:
                     raise InputError(f"{path}: missing column(s) {missing}; columns are {cols}")
+                repeated = sorted({c for c in cols if cols.count(c) > 1})
+                if repeated:
+                    raise InputError(
+                        f"{path}:1: the header names column(s) {repeated} more than once; which one holds the "
+                        "data would be a guess: rename or drop the extra ones"
+                    )
                 while True:
                     start = reader.line_num + 1
                     rec = next(reader, None)
@@ -131,15 +148,24 @@ def read_table(path: str | Path, input_field: str, output_field: str) -> Iterabl
                     f"{path}:{reader.line_num}: not valid CSV ({e}); quote fields as RFC 4180 does"
                 ) from None
     else:
-        for i, (lineno, row) in enumerate(
-            read_jsonl_lines(path, required=(input_field, output_field)), start=1
-        ):
-            yield _text_fields(row, (input_field, output_field), f"{path}:{lineno}"), f"{path}:#{i}"
+        array = _starts_array(path)
+        for lineno, row in read_jsonl_lines(path, required=(input_field, output_field)):
+            where = f"{path}: array element {lineno}" if array else f"{path}:{lineno}"
+            yield _text_fields(row, (input_field, output_field), where), where
             n += 1
     if n == 0:
         raise InputError(
             f"{path}: no rows (an empty file); expected rows with the fields {input_field!r}, {output_field!r}"
         )
+
+
+def _starts_array(path: Path) -> bool:
+    """Whether a JSON file is one array (read whole) rather than JSON Lines: its first non-blank character is '['."""
+    with open_text(path) as f:
+        for line in f:
+            if line.strip():
+                return line.lstrip().startswith("[")
+    return False
 
 
 def field_text(value: Any, where: str, field: str) -> str | None:
@@ -250,7 +276,35 @@ class Task:
             )
         if self.report.skipped:
             log.warning("task %s: %s", self.name, self.report.summary())
+        self._check_repeats(pool, ev)
         return pool, ev
+
+    def _check_repeats(self, pool: Sequence[Example], ev: Sequence[Example]) -> None:
+        """Count (and warn about, naming rows) pool rows that repeat an earlier pool row and evaluation rows whose
+        input and output are also in the pool: kept as they are (real data sets repeat short commands), but an
+        evaluation row with its own answer among the demonstrations inflates the scores, so the user should know."""
+        seen: dict[tuple[str, str], str] = {}
+        repeats: list[str] = []
+        for e in pool:
+            k = (e.input, e.output)
+            if k in seen:
+                repeats.append(f"{e.meta.get('source')} (= {seen[k]})")
+            else:
+                seen[k] = str(e.meta.get("source"))
+        overlap = [
+            f"{e.meta.get('source')} (= {seen[(e.input, e.output)]})"
+            for e in ev
+            if (e.input, e.output) in seen
+        ]
+        self.report.repeated_in_pool, self.report.eval_in_pool = len(repeats), len(overlap)
+        for what, rows, n in (
+            ("pool rows repeat an earlier pool row", repeats, len(pool)),
+            ("evaluation rows are also in the pool (same input and output)", overlap, len(ev)),
+        ):
+            if rows:
+                log.warning(
+                    "task %s: %d of %d %s, e.g. %s", self.name, len(rows), n, what, "; ".join(rows[:3])
+                )
 
     def _finalise(self, rows: Sequence[RawRow], limit: int | None) -> list[Example]:
         out: list[Example] = []
@@ -262,6 +316,14 @@ class Task:
                 continue
             if not isinstance(r.output, str) or not r.output.strip():
                 self.report.skip(r.where, "empty output")
+                continue
+            if self.stop in r.output.strip():
+                # generation ends at the end marker, so such a gold answer could never be matched, and as a
+                # demonstration it would end mid-answer
+                self.report.skip(
+                    r.where,
+                    f"output holds the end marker {self.stop!r} (the prompt format ends an answer there)",
+                )
                 continue
             out.append(Example(len(out), r.input.strip(), r.output.strip(), {**r.meta, "source": r.where}))
         self.report.kept += len(out)
@@ -294,10 +356,20 @@ class Task:
                 f"task {self.name}: could not load {self.hub_name!r} split {split!r} from the hub ({e}); "
                 f"pass data.data_dir=<folder> with local files instead"
             ) from e
-        return [
-            RawRow(r[input_field], r[output_field], {}, f"{self.hub_name}[{split}]#{i}")
-            for i, r in enumerate(ds)
-        ]
+        missing = [c for c in (input_field, output_field) if c not in ds.column_names]
+        if missing:
+            raise InputError(
+                f"task {self.name}: {self.hub_name!r} split {split!r} has no column(s) {missing}; its columns are "
+                f"{ds.column_names} (the hub layout may have changed: pass data.data_dir=<folder> with local files)"
+            )
+        out = []
+        for i, r in enumerate(ds):
+            where = f"{self.hub_name}[{split}]#{i}"
+            t = _text_fields(
+                r, (input_field, output_field), where
+            )  # as file rows: text, numbers as JSON writes
+            out.append(RawRow(t[input_field], t[output_field], {}, where))
+        return out
 
     def data_path(self, *parts: str) -> Path:
         assert self.cfg.data_dir is not None

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
-from epr.artifacts import read_jsonl
-from epr.tasks.base import RawRow, Task, register, split_pool_eval
+from epr.artifacts import read_jsonl_lines
+from epr.tasks.base import RawRow, Task, field_text, register, split_pool_eval
 from epr.tasks.qdmr_lf import lf_match
 from epr.types import InputError
 
@@ -89,6 +90,12 @@ class SMCalFlow(Task):
             return split_pool_eval(rows, self.cfg.eval_size, self.cfg.split_seed)
         rows = []
         for r in self.rows_from_file(path, meta_fields=("dialogue_id", "skip")):
+            if (
+                "dialogue_id" not in r.meta
+            ):  # the split keeps dialogues whole, so every turn must name its own
+                raise InputError(
+                    f"{r.where}: missing field 'dialogue_id' (the dialogue this turn belongs to)"
+                )
             if r.meta.get("skip"):
                 self.report.skip(r.where, "turn flagged skip=true by the dataset")
                 continue
@@ -130,6 +137,22 @@ class Generic(Task):
         return split_pool_eval(rows, min(self.cfg.eval_size, len(rows) // 5), self.cfg.split_seed)
 
 
+def _answer_rows(r: dict, meta: dict, where: str) -> list[RawRow]:
+    """One (question, correct answer) row per correct answer of a TruthfulQA question; the question and every answer
+    as text (:func:`field_text`), ``correct_answers`` a list (a bare string would be split into letters)."""
+    answers = r["correct_answers"]
+    if not isinstance(answers, list):
+        raise InputError(
+            f"{where}: field 'correct_answers' is {type(answers).__name__} ({json.dumps(answers)[:60]}); expected "
+            'a list of answer texts, e.g. ["Nothing happens"]'
+        )
+    question = field_text(r["question"], where, "question")
+    return [
+        RawRow(question, field_text(a, where, f"correct_answers[{j}]"), meta, where)
+        for j, a in enumerate(answers)
+    ]
+
+
 @register("truthfulqa")
 class TruthfulQA(Task):
     """TruthfulQA as (question, correct answer) pairs for the retrieval pipeline; split by question, so no
@@ -147,19 +170,15 @@ class TruthfulQA(Task):
         if self.cfg.data_dir:
             path = self.data_path("truthfulqa", "truthfulqa.2021-10.jsonl")
             rows = [
-                RawRow(r["question"], a, {"id": r.get("id")}, f"{path}:#{i}")
-                for i, r in enumerate(read_jsonl(path, required=("question", "correct_answers")), start=1)
-                for a in r["correct_answers"]
+                row
+                for lineno, r in read_jsonl_lines(path, required=("question", "correct_answers"))
+                for row in _answer_rows(r, {"id": r.get("id")}, f"{path}:{lineno}")
             ]
         else:
             from datasets import load_dataset
 
             ds = load_dataset(self.hub_name, "generation", split="validation")
-            rows = [
-                RawRow(r["question"], a, {}, f"{self.hub_name}#{i}")
-                for i, r in enumerate(ds)
-                for a in r["correct_answers"]
-            ]
+            rows = [row for i, r in enumerate(ds) for row in _answer_rows(r, {}, f"{self.hub_name}#{i}")]
         return split_pool_eval(rows, self.cfg.eval_size, self.cfg.split_seed, group=lambda r: r.input)
 
     # the prompt formats of the RAGSys evaluation (epr.truthfulqa.sets), so both judge the same prompts

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from epr.artifacts import read_jsonl
+from epr.artifacts import read_jsonl_lines
 from epr.types import InputError
 
 if TYPE_CHECKING:  # the scorer needs torch; the stage graph imports this module without it
@@ -120,18 +120,42 @@ def data_file(data_dir: str | None, version: str = "2021-10") -> Path:
 
 def load_tqa(data_dir: str | None, version: str = "2021-10") -> list[dict]:
     path = data_file(data_dir, version)
-    rows = list(
-        read_jsonl(
-            path, required=("question", "correct_answers", "incorrect_answers", "mc1_targets", "mc2_targets")
-        )
-    )
-    for i, r in enumerate(rows, start=1):
+    rows = []
+    for lineno, r in read_jsonl_lines(
+        path, required=("question", "correct_answers", "incorrect_answers", "mc1_targets", "mc2_targets")
+    ):
+        _check_row(r, f"{path}:{lineno}")
         # as lm-evaluation-harness's copy: the data files' question 247 ("... a tarot card showing Death? ") ends
         # with a space that moved that question's log-likelihoods by up to 0.35 nats against lm-eval
         r["question"] = r["question"].strip()
-        if not r["incorrect_answers"]:
-            raise InputError(f"{path}:{i}: question has no incorrect answers; DPO and MC need at least one")
+        rows.append(r)
     return rows
+
+
+def _check_row(r: dict, where: str) -> None:
+    """A TruthfulQA row's shape, so a malformed row fails here naming its line rather than deep in scoring: a
+    non-empty question, lists of non-empty answer texts (at least one incorrect: DPO and MC need one), and MC targets
+    with as many 0/1 labels as choices."""
+
+    def texts(v, field: str) -> None:
+        if not isinstance(v, list) or not all(isinstance(a, str) and a.strip() for a in v):
+            raise InputError(f"{where}: field {field!r} must be a list of non-empty texts, got {str(v)[:80]}")
+
+    if not isinstance(r["question"], str) or not r["question"].strip():
+        raise InputError(f"{where}: field 'question' must be a non-empty text, got {r['question']!r}")
+    texts(r["correct_answers"], "correct_answers")
+    texts(r["incorrect_answers"], "incorrect_answers")
+    if not r["incorrect_answers"]:
+        raise InputError(f"{where}: question has no incorrect answers; DPO and MC need at least one")
+    for m in ("mc1_targets", "mc2_targets"):
+        t = r[m]
+        if not isinstance(t, dict) or "choices" not in t or "labels" not in t:
+            raise InputError(f"{where}: field {m!r} must be an object with 'choices' and 'labels'")
+        texts(t["choices"], f"{m}.choices")
+        if not isinstance(t["labels"], list) or len(t["labels"]) != len(t["choices"]):
+            raise InputError(f"{where}: {m}: {len(t['choices'])} choices but labels {str(t['labels'])[:60]}")
+        if any(lab not in (0, 1) for lab in t["labels"]) or 1 not in t["labels"]:
+            raise InputError(f"{where}: {m}: labels must be 0/1 with at least one 1, got {t['labels']}")
 
 
 def build_sets(rows: Sequence[dict]) -> TQA:

@@ -273,3 +273,30 @@ def test_forcing_a_stage_the_run_does_not_reach_is_an_error(tmp_path, tiny_task_
         pipeline.run(ctx, until="candidates", force=("encoder",))
     assert "examples, candidates" in str(e.value)  # names what the run would do
     assert set(pipeline.status(ctx).values()) == {"missing"}  # refused before anything ran
+
+
+def test_examples_key_covers_every_file_read(tmp_path):
+    """A task that reads its own files (demo, from data.data_dir) with data.path also set: the files the task reads
+    are in the key, so editing one makes the examples stale (data.path alone once stood in for them)."""
+    import shutil
+
+    from epr.tasks.semparse import DEMO_DIR
+
+    d = tmp_path / "demo"
+    shutil.copytree(DEMO_DIR, d, ignore=lambda *_: ["LICENSE"])
+    (tmp_path / "x.jsonl").write_text('{"input": "a", "output": "b"}\n')
+    ctx = Context(
+        load_config(
+            [],
+            [
+                f"run_root={tmp_path}",
+                "data.task=demo",
+                f"data.data_dir={d}",
+                f"data.path={tmp_path / 'x.jsonl'}",
+            ],
+        )
+    )
+    before = pipeline.stage_fingerprint(ctx, "examples")
+    with open(d / "demo.pool.jsonl", "a") as f:
+        f.write('{"input": "turn on the fan", "output": "ON(fan)"}\n')
+    assert pipeline.stage_fingerprint(Context(ctx.cfg), "examples") != before

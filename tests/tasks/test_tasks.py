@@ -31,7 +31,7 @@ def test_empty_output_skipped_and_counted(tmp_path):
     task = get_task(DataConfig(task="jsonl", path=str(p), eval_size=2))
     pool, ev = task.load()
     assert len(pool) + len(ev) == 9
-    assert len(task.report.skipped) == 1 and "d.jsonl:#4: empty output" in task.report.skipped[0]
+    assert len(task.report.skipped) == 1 and "d.jsonl:4: empty output" in task.report.skipped[0]
     assert [e.idx for e in pool] == list(range(len(pool)))
 
 
@@ -115,3 +115,192 @@ def test_real_loaders(task, n_pool, n_eval):
     else:  # SMCalFlow: 14,751 turns less the 1,255 flagged skip, split by dialogue
         assert len(pool) + len(ev) == 14751 - 1255 and len(t.report.skipped) == 1255
         assert {e.meta["dialogue_id"] for e in pool}.isdisjoint({e.meta["dialogue_id"] for e in ev})
+
+
+# ---- rows that used to be merged, mangled or crash without naming where ---------------------------------------
+def test_tsv_quotes_are_literal_and_never_join_lines(tmp_path):
+    """TSV has no quoting (IANA text/tab-separated-values): a stray quote once merged the next lines into one field."""
+    p = tmp_path / "q.tsv"
+    p.write_text(
+        'input\toutput\n"Hamlet is a play\tyes\nhow tall is he\tsix feet\nhe is 6 2"\ttall\nlast\trow\n'
+    )
+    rows = get_task(DataConfig(task="jsonl", path=str(p), eval_path=str(p))).rows_from_file(p)
+    assert [(r.input, r.output) for r in rows] == [
+        ('"Hamlet is a play', "yes"),
+        ("how tall is he", "six feet"),
+        ('he is 6 2"', "tall"),
+        ("last", "row"),
+    ]
+    assert [r.where.rsplit(":", 1)[1] for r in rows] == ["2", "3", "4", "5"]
+
+
+@pytest.mark.parametrize("name", ["up.CSV", "up.Tsv", "up.CSV.GZ"])
+def test_suffix_case_does_not_matter(tmp_path, name):
+    sep = "\t" if "tsv" in name.lower() else ","
+    text = f"input{sep}output\n" + "".join(f"q{i}{sep}a{i}\n" for i in range(6))
+    p = tmp_path / name
+    if name.lower().endswith(".gz"):
+        p.write_bytes(gzip.compress(text.encode()))
+    else:
+        p.write_text(text)
+    pool, ev = get_task(DataConfig(task="jsonl", path=str(p), eval_size=1)).load()
+    assert sorted(e.output for e in pool + ev) == [f"a{i}" for i in range(6)]
+
+
+def test_csv_repeated_column_is_an_error(tmp_path):
+    p = tmp_path / "d.csv"
+    p.write_text("input,output,output\na,b,c\n")
+    with pytest.raises(
+        InputError, match=r"d.csv:1: the header names column\(s\) \['output'\] more than once"
+    ):
+        get_task(DataConfig(task="jsonl", path=str(p))).load()
+
+
+def test_skips_name_the_line_not_the_row_count(tmp_path):
+    p = tmp_path / "d.jsonl"
+    rows = [json.dumps({"input": f"q{i}", "output": f"a{i}"}) for i in range(8)]
+    p.write_text(
+        rows[0] + "\n\n" + json.dumps({"input": "c", "output": ""}) + "\n" + "\n".join(rows[1:]) + "\n"
+    )
+    task = get_task(DataConfig(task="jsonl", path=str(p), eval_size=1))
+    task.load()
+    assert task.report.skipped == [f"{p}:3: empty output"]
+
+
+def test_array_file_rows_named_by_element(tmp_path):
+    p = tmp_path / "d.json"
+    p.write_text(
+        json.dumps([{"input": f"q{i}", "output": "" if i == 2 else f"a{i}"} for i in range(8)], indent=1)
+    )
+    task = get_task(DataConfig(task="jsonl", path=str(p), eval_size=1))
+    task.load()
+    assert task.report.skipped == [f"{p}: array element 3: empty output"]
+
+
+def test_output_holding_the_end_marker_is_skipped_and_counted(tmp_path):
+    p = tmp_path / "d.jsonl"
+    rows = [{"input": f"q{i}", "output": f"a{i}"} for i in range(8)] + [
+        {"input": "x", "output": "line1\nline2"}
+    ]
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    task = get_task(DataConfig(task="jsonl", path=str(p), eval_size=1))
+    pool, ev = task.load()
+    assert len(pool) + len(ev) == 8 and "line1" not in {e.output for e in pool + ev}
+    assert task.report.skipped == [
+        f"{p}:9: output holds the end marker '\\n' (the prompt format ends an answer there)"
+    ]
+
+
+def test_repeats_and_eval_pool_overlap_reported_not_dropped(tmp_path, caplog):
+    p, e = tmp_path / "d.jsonl", tmp_path / "e.jsonl"
+    p.write_text("".join(json.dumps({"input": f"q{i % 5}", "output": f"a{i % 5}"}) + "\n" for i in range(20)))
+    e.write_text(
+        json.dumps({"input": "q1", "output": "a1"})
+        + "\n"
+        + json.dumps({"input": "new", "output": "b"})
+        + "\n"
+    )
+    task = get_task(DataConfig(task="jsonl", path=str(p), eval_path=str(e)))
+    pool, ev = task.load()
+    assert len(pool) == 20 and len(ev) == 2  # kept
+    rep = task.report.to_json()
+    assert rep["repeated_in_pool"] == 15 and rep["eval_in_pool"] == 1
+    assert (
+        f"1 of 2 evaluation rows are also in the pool (same input and output), e.g. {e}:1 (= {p}:2)"
+        in caplog.text
+    )
+
+
+def test_input_field_equal_to_output_field_is_a_config_error():
+    from epr.types import ConfigError
+
+    with pytest.raises(ConfigError, match="both 'text'"):
+        DataConfig(task="jsonl", input_field="text", output_field="text")
+
+
+def _tqa_dir(tmp_path, rows):
+    d = tmp_path / "truthfulqa"
+    d.mkdir()
+    (d / "truthfulqa.2021-10.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return tmp_path
+
+
+def _tqa_row(q="Q?", correct=("Yes",), incorrect=("No",)):
+    choices = [*correct, *incorrect]
+    t = {"choices": choices, "labels": [1] * len(correct) + [0] * len(incorrect)}
+    return {
+        "question": q,
+        "correct_answers": list(correct),
+        "incorrect_answers": list(incorrect),
+        "mc1_targets": t,
+        "mc2_targets": t,
+    }
+
+
+@pytest.mark.parametrize(
+    "bad,expect",
+    [
+        ({"correct_answers": "Yes it is"}, r"truthfulqa.2021-10.jsonl:2: field 'correct_answers' is str"),
+        ({"correct_answers": ["A", {"x": 1}]}, r"jsonl:2: field 'correct_answers\[1\]' is an object"),
+        ({"question": ["Q"]}, r"jsonl:2: field 'question' is an array"),
+    ],
+)
+def test_truthfulqa_task_rows_checked(tmp_path, bad, expect):
+    d = _tqa_dir(tmp_path, [_tqa_row("Q0?"), {**_tqa_row("Q1?"), **bad}])
+    with pytest.raises(InputError, match=expect):
+        get_task(DataConfig(task="truthfulqa", data_dir=str(d), eval_size=1)).load()
+
+
+@pytest.mark.parametrize(
+    "bad,expect",
+    [
+        ({"question": None}, "jsonl:2: field 'question' must be a non-empty text"),
+        ({"correct_answers": "Yes"}, "jsonl:2: field 'correct_answers' must be a list"),
+        ({"incorrect_answers": []}, "jsonl:2: question has no incorrect answers"),
+        (
+            {"mc1_targets": {"choices": ["a", "b"], "labels": [1]}},
+            "jsonl:2: mc1_targets: 2 choices but labels",
+        ),
+        ({"mc2_targets": {"choices": ["a"], "labels": [0]}}, "jsonl:2: mc2_targets: labels must be 0/1"),
+    ],
+)
+def test_truthfulqa_benchmark_rows_checked(tmp_path, bad, expect):
+    from epr.truthfulqa.sets import load_tqa
+
+    d = _tqa_dir(tmp_path, [_tqa_row("Q0?"), {**_tqa_row("Q1?"), **bad}])
+    with pytest.raises(InputError, match=expect):
+        load_tqa(str(d))
+
+
+def test_smcalflow_turn_without_dialogue_named(tmp_path):
+    d = tmp_path / "smcalflow"
+    d.mkdir()
+    rows = [{"input": f"u{i}", "output": f"(l{i})", "dialogue_id": f"d{i}"} for i in range(3)]
+    rows.append({"input": "u", "output": "(l)"})
+    (d / "smcalflow2.validation.jsonl.gz").write_bytes(
+        gzip.compress("".join(json.dumps(r) + "\n" for r in rows).encode())
+    )
+    with pytest.raises(InputError, match=r"validation.jsonl.gz:4: missing field 'dialogue_id'"):
+        get_task(DataConfig(task="smcalflow", data_dir=str(tmp_path), eval_size=1)).load()
+
+
+class _HubSplit(list):
+    column_names = ["question", "logical_form"]
+
+
+def test_hub_rows_get_the_file_rows_checks(monkeypatch):
+    import datasets
+
+    rows = _HubSplit({"question": f"q{i}", "logical_form": f"[IN:X {i}]"} for i in range(6))
+    monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: rows)
+    pool, _ = get_task(DataConfig(task="mtop")).load()
+    assert [e.output for e in pool][:2] == ["[IN:X 0]", "[IN:X 1]"]
+    rows[3] = {"question": "q3", "logical_form": 7}  # a number is text, as in a file
+    pool, _ = get_task(DataConfig(task="mtop")).load()
+    assert "7" in [e.output for e in pool]
+    rows[3] = {"question": "q3", "logical_form": ["IN", "B"]}
+    with pytest.raises(InputError, match=r"mtop\[train\]#3: field 'logical_form' is an array"):
+        get_task(DataConfig(task="mtop")).load()
+    monkeypatch.setattr(_HubSplit, "column_names", ["question", "parse"])
+    with pytest.raises(InputError, match=r"has no column\(s\) \['logical_form'\]; its columns are"):
+        get_task(DataConfig(task="mtop")).load()
