@@ -96,6 +96,26 @@ def _check_query(query, k) -> tuple[str, int]:
     return query, int(k)
 
 
+def _warn_changed_data(run: Path, ex_man: dict) -> None:
+    """Warn when a data file the run's pool was read from has changed since (its digest is in the examples stage's
+    key): the run serves the pool it loaded then, and `epr run` would rebuild it. Files no longer where they were
+    (a moved run, relative paths from another folder) are not checked."""
+    from epr.cache import cached_digest
+
+    changed = [
+        f
+        for f, d in (ex_man["config"].get("files") or {}).items()
+        if d is not None and cached_digest(f) not in (None, d)
+    ]
+    if changed:
+        log.warning(
+            "%s: the data file(s) %s changed since this run read them; serving the pool as it was then "
+            "(rerun `epr run` with the run's config to rebuild the pool and the retriever on the new data)",
+            run,
+            ", ".join(changed),
+        )
+
+
 class PromptRetriever:
     """A trained EPR encoder over a run's demonstration pool, with a cached faiss index."""
 
@@ -139,6 +159,7 @@ class PromptRetriever:
                 "`epr run --until encoder` with the same -c/--set (see README)"
             )
         task = get_task(config_from_dict(DataConfig, ex_man["config"]["data"]))
+        _warn_changed_data(run, ex_man)
         pool = [Example.from_json(r) for r in read_jsonl(run / "examples" / "pool.jsonl")]
         enc = DualEncoder.from_pretrained(str(model))
         pm, rm = read_manifest(run / "prompts"), read_manifest(run / "retrieve")

@@ -38,10 +38,11 @@ def test_api_prompt_is_the_evaluated_prompt(tmp_path, minilm_dir, tiny_lm_dir):
         assert res.prompt == p["text"] and res.prompt_demos == len(p["demo_ids"])
 
 
-def test_api_index_cache_follows_the_encoder(tmp_path, minilm_dir):
+def test_api_index_cache_follows_the_encoder(tmp_path, minilm_dir, caplog):
     cfg = own_config(tmp_path, minilm_dir)
     pipeline.run(Context(cfg), until="encoder")
     first = PromptRetriever.from_run(cfg.run_dir)
+    assert "changed since this run read them" not in caplog.text
     cached = sorted((cfg.run_dir / ".cache" / "index").glob("*.faiss"))
     assert len(cached) == 1
     again = PromptRetriever.from_run(cfg.run_dir)  # served from the cache: same ids
@@ -56,6 +57,13 @@ def test_api_index_cache_follows_the_encoder(tmp_path, minilm_dir):
     q2 = r2.encoder.encode(["how do I reset my email"], "query")
     np.testing.assert_allclose(search(r2.index, q2, 5)[1], search(fresh.index, q2, 5)[1], rtol=1e-5)
     assert not np.allclose(search(r2.index, q2, 5)[1], search(first.index, q2, 5)[1])
+
+    # the data file edited after the run: the run still serves the pool it read, and says so
+    with open(cfg.data.path, "a") as f:
+        f.write("how do I rename my printer,rename printer\n")
+    again = PromptRetriever.from_run(cfg.run_dir)
+    assert len(again.pool) == len(first.pool)
+    assert f"the data file(s) {cfg.data.path} changed since this run read them" in caplog.text
 
 
 def test_shipped_retriever_loads_in_a_fresh_process_without_its_run(tmp_path, minilm_dir, tiny_lm_dir):
