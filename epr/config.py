@@ -302,7 +302,10 @@ def _dump(obj: Any, indent: str, lines: list[str]) -> None:
             lines += ["", *(f"{indent}# {line}".rstrip() for line in doc.splitlines()), f"{indent}{f.name}:"]
             _dump(value, indent + "  ", lines)
         else:
-            lines.append(f"{indent}{f.name}: {_yaml_value(value)}  # {_comment(f)}".rstrip())
+            default = f.default if f.default is not dataclasses.MISSING else None
+            changed = f.default is not dataclasses.MISSING and value != default
+            note = f" (default: {_yaml_value(default)})" if changed else ""
+            lines.append(f"{indent}{f.name}: {_yaml_value(value)}  # {_comment(f)}{note}".rstrip())
 
 
 def dump_config(cfg: ExperimentConfig, sources: Sequence[str] = ()) -> str:
@@ -312,7 +315,8 @@ def dump_config(cfg: ExperimentConfig, sources: Sequence[str] = ()) -> str:
         "# The resolved epr configuration"
         + (f" ({', '.join(sources)})" if sources else " (the defaults)")
         + ".",
-        "# Every key with its value; after it, its help and [choices]. `epr run -c THIS.yaml` loads it back.",
+        "# Every key with its value; after it, its help, [choices] and, where the value is not the default, the "
+        "default. `epr run -c THIS.yaml` loads it back.",
         *(f"# {line}" for line in inspect.cleandoc(ExperimentConfig.__doc__ or "").splitlines()),
     ]
     _dump(cfg, "", lines)

@@ -1,6 +1,6 @@
 """Resolve a model name to something loadable: a local directory, a hub id, or an offline packaged model.
 
-Packaged models (see MODELS.md of the project): ``smollm2`` (SmolLM2-135M-Instruct GGUF, default LM),
+Packaged models (see docs/MODELS.md): ``smollm2`` (SmolLM2-135M-Instruct GGUF, default LM),
 ``gemma3-270m`` (Gemma-3-270m base GGUF, opt-in), ``minilm`` (all-MiniLM-L6-v2, default encoder),
 ``mpnet`` (all-mpnet-base-v2). GGUF models are de-quantised once and saved with ``save_pretrained`` under
 the cache directory (``$EPR_CACHE`` or ``~/.cache/epr``), so later loads take seconds.
