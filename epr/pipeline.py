@@ -18,7 +18,18 @@ from epr.cache import cached_digest, fingerprint, stage_state, write_manifest
 from epr.config import parse_retriever_name
 from epr.context import Context
 from epr.lm.factory import scoring_key
-from epr.stages import candidates, data, encoder, evaluate, labels, predict, prompts, rerank, retrieve, scores
+from epr.stages import (
+    candidates,
+    encoder,
+    evaluate,
+    examples,
+    labels,
+    predict,
+    prompts,
+    rerank,
+    retrieve,
+    scores,
+)
 from epr.truthfulqa import stage as tqa
 from epr.types import ConfigError, UpstreamError
 
@@ -141,7 +152,7 @@ def _sub_run_keys(ctx: Context) -> dict:
 STAGES: dict[str, Stage] = {
     s.name: s
     for s in [
-        Stage("examples", _const(), _examples_keys, data.run_examples),
+        Stage("examples", _const(), _examples_keys, examples.run_examples),
         Stage("candidates", _const("examples"), _candidates_keys, candidates.run_candidates),
         Stage(
             "scores",
