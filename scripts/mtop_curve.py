@@ -217,6 +217,8 @@ def main(argv: list[str] | None = None) -> int:
     base = ctx_for(a, a.name, f"candidates.num_queries={sizes[-1]}")
     pipeline.run(base, until="labels")
     log.info("labels for %d training examples ready (%.0f s)", sizes[-1], time.time() - t0)
+    sm = json.loads((base.stage_dir("scores") / "manifest.json").read_text())
+    a.labels_info = {"sequences": sm["rows"]["sequences"], "speed": sm.get("scoring_speed")}
 
     metric = DenseMetric(base)
     rows: list[dict] = []

@@ -81,9 +81,21 @@ def test_pooled_rows_em_tests_gap_and_row_shape(curve, tmp_path):
     )
     assert pooled_em["em_n"] == n and pooled_em["em_sd"] == 0.0  # n counts examples, not examples x seeds
 
-    a = argparse.Namespace(split="locked", name="mtop-curve", lms="scoring LM smollm2 (fp32)")
+    speed = {"machine": "test box", "scored_here": 3200, "scoring_seconds": 640.0, "sequences_per_s": 5.0}
+    a = argparse.Namespace(
+        split="locked",
+        name="mtop-curve",
+        lms="scoring LM smollm2 (fp32)",
+        labels_info={"sequences": 32000, "speed": speed},
+    )
     curve.write_curve(tmp_path, rows, a, 0.0)
-    out = json.loads((tmp_path / "curve.json").read_text())["rows"]
+    written = json.loads((tmp_path / "curve.json").read_text())
+    assert written["info"]["labels"]["speed"]["sequences_per_s"] == 5.0
+    assert (
+        "Labels: 32000 scored sequences; the last scoring process scored 3200 at 5.0 sequences/s (test box)."
+        in (tmp_path / "curve.md").read_text()
+    )
+    out = written["rows"]
     by = {(r["retriever"], r["seeds"], r["seed"]): r for r in out}
     p = by[("epr", 3, None)]
     for k in (

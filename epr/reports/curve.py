@@ -195,11 +195,26 @@ def write_curve(out: Path, rows: list[dict], a, t0: float) -> None:
         for r in rows
     ]
     info = {"machine": machine(), "command": " ".join(sys.argv), "elapsed_seconds": round(time.time() - t0)}
+    if getattr(a, "labels_info", None):  # the scored sequences, and the last scoring process's throughput
+        info["labels"] = a.labels_info
     atomic_write_text(out / "curve.json", json.dumps({"info": info, "rows": slim}, indent=2) + "\n")
     lines = [
         f"# {a.name}: learning curve",
         "",
         f"Machine: {describe(info['machine'])}. Command: `{info['command']}`.",
+        *(
+            [
+                f"Labels: {lab['sequences']} scored sequences"
+                + (
+                    f"; the last scoring process scored {lab['speed']['scored_here']} at "
+                    f"{lab['speed']['sequences_per_s']} sequences/s ({lab['speed']['machine']})."
+                    if lab.get("speed")
+                    else " (served from the score cache; no throughput measured in this run)."
+                )
+            ]
+            if (lab := info.get("labels"))
+            else []
+        ),
         f"Evaluation: {slim[0]['n'] if slim else 0} seeded evaluation examples of {a.name.split('-')[0]}; {a.lms}. Gold log-prob: log p(gold parse | prompt), nats, mean with 95% bootstrap interval; DPO: mean "
         "log sigmoid(gold log-prob - without demonstrations). Δ: mean paired gain in gold log-prob over BM25 / SBERT "
         "on the same examples (p: Wilcoxon signed-rank; the median paired gain and the share of examples where the row "

@@ -11,6 +11,7 @@ labels stage leaves it out.
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -21,6 +22,7 @@ from epr.cache import ChunkStore
 from epr.context import Context
 from epr.lm.factory import build_scorer, device_for_rank, score_cache
 from epr.lm.score_cache import ScoreCache
+from epr.reports.machine import describe, machine
 from epr.types import Example, Ranking
 
 if TYPE_CHECKING:
@@ -120,11 +122,23 @@ def run_scores(ctx: Context, out: Path, fp: str) -> dict:
         bar = tqdm(
             total=n_seq, desc=f"scoring [rank {ctx.dist.rank}]", unit="seq", disable=not ctx.dist.is_main
         )
+        n0, t0 = len(cache), time.perf_counter()
         for c in todo:
             rows, _ = score_chunk(scorer, ctx.task, pool, chunks[c], cache, name=f"{fp}-{c:06d}")
             parts.put(c, rows, inputs[c])
             bar.update(sum(len(r.ids) for r in chunks[c]))
         bar.close()
+        # this process's own throughput (sequences the LM scored, not those the cache served; a resumed stage
+        # reports its last process), for the results files: how long labels take on this machine
+        new, secs = len(cache) - n0, max(time.perf_counter() - t0, 1e-9)
+        speed = {
+            "scored_here": new,
+            "scoring_seconds": round(secs, 1),
+            "sequences_per_s": round(new / secs, 2),
+        }
+        log.info(
+            "scores: %d sequences scored in %.0f s (%.2f/s on rank %d)", new, secs, new / secs, ctx.dist.rank
+        )
     ctx.dist.barrier()
     if not ctx.dist.is_main:
         return {}
@@ -143,4 +157,7 @@ def run_scores(ctx: Context, out: Path, fp: str) -> dict:
     rows = [merged[q] for q in sorted(merged)]
     n_null = sum(s is None for r in rows for s in r["scores"])
     write_jsonl(out / "scores.jsonl", rows)
-    return {"rows": {"queries": len(rows), "sequences": sum(len(r["ids"]) for r in rows), "too_long": n_null}}
+    res = {"rows": {"queries": len(rows), "sequences": sum(len(r["ids"]) for r in rows), "too_long": n_null}}
+    if todo:
+        res["extra"] = {"scoring_speed": {"machine": describe(machine()), **speed}}
+    return res

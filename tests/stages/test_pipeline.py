@@ -1,5 +1,7 @@
 """Tiny end-to-end runs: manifests skip and invalidate, a killed scoring run resumes byte-identically."""
 
+import json
+
 import pytest
 
 from epr import pipeline
@@ -39,6 +41,9 @@ def test_end_to_end_then_skip_then_invalidate(tmp_path, tiny_task_files, tiny_lm
     assert st["encoder"] == st["evaluate"] == "missing"
     labels = (ctx.stage_dir("labels") / "labels.jsonl").read_text().splitlines()
     assert len(labels) == 24
+    man = json.loads((ctx.stage_dir("scores") / "manifest.json").read_text())
+    speed = man["scoring_speed"]  # what the LM scored in this process (the cache was empty: every sequence)
+    assert speed["scored_here"] == man["rows"]["sequences"] > 0 and speed["sequences_per_s"] > 0
     assert pipeline.run(ctx) == []  # everything fresh: nothing reruns
 
     ctx2 = make_ctx(tmp_path, tiny_task_files, tiny_lm_dir, "labels.k_pos=1")
