@@ -89,6 +89,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="export: only the store of this config's scoring LM (model, dtype, forward), not every store",
     )
+    sc.add_argument(
+        "--this-run",
+        action="store_true",
+        help="export: only the scores of this config's candidates (its labels; needs its candidates stage), "
+        "from its scoring LM's store",
+    )
     from epr.truthfulqa import cli as truthfulqa_cli
 
     truthfulqa_cli.add_parser(sub)
@@ -160,7 +166,13 @@ def score_cache_cmd(ctx, args: argparse.Namespace) -> int:
 
     root = Path(ctx.cfg.run_root) / ".cache" / "scores"
     if args.action == "export":
-        counts = export_scores(root, args.file, scoring_key(ctx.cfg) if args.this_lm else None)
+        only = None
+        if args.this_run:  # this config's pairs only (needs its candidates), in its LM's store
+            from epr.stages.scores import run_pair_keys
+
+            only = run_pair_keys(ctx)
+        key = scoring_key(ctx.cfg) if args.this_lm or args.this_run else None
+        counts = export_scores(root, args.file, key, only)
         for store, n in counts.items():
             sys.stdout.write(f"exported {n} scores of {root / store}\n")
         sys.stdout.write(f"wrote {args.file} (epr cache import {args.file} on the other machine)\n")

@@ -120,10 +120,14 @@ def cached_scores(
 FORMAT = "epr-score-cache/1"
 
 
-def export_scores(root: str | Path, path: str | Path, key: dict | None = None) -> dict[str, int]:
+def export_scores(
+    root: str | Path, path: str | Path, key: dict | None = None, only: set[str] | None = None
+) -> dict[str, int]:
     """Write the score stores under ``root`` (a run root's ``.cache/scores``; only ``key``'s when given) to one
     gzipped JSON file that :func:`import_scores` reads on another machine: labels scored once travel with a
-    repository instead of being scored again. Returns entries per store fingerprint."""
+    repository instead of being scored again. ``only``: just these pair keys (:func:`pair_key`; one run's pairs);
+    a pair of ``only`` that the store does not hold is an error (the run is not fully scored). Returns entries per
+    store fingerprint."""
     import gzip
 
     root = Path(root)
@@ -137,8 +141,17 @@ def export_scores(root: str | Path, path: str | Path, key: dict | None = None) -
             raise RuntimeError(
                 f"{d}: its KEY.json does not hash to the folder's name ({c.dir.name}); not exported"
             )
-        stores.append({"key": c.key, "scores": dict(sorted(c.items().items()))})
-        counts[d.name] = len(c)
+        held = c.items()
+        if only is not None:
+            missing = only - held.keys()
+            if missing:
+                raise FileNotFoundError(
+                    f"{d}: {len(missing)} of the run's {len(only)} pairs are not scored yet; finish the scores "
+                    "stage first (the export would be partial)"
+                )
+            held = {k: held[k] for k in only}
+        stores.append({"key": c.key, "scores": dict(sorted(held.items()))})
+        counts[d.name] = len(held)
     if not stores:
         raise FileNotFoundError(f"{root}: no score stores to export")
     tmp = Path(path).with_name(Path(path).name + ".tmp")

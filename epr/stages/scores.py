@@ -31,6 +31,33 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+def scored_pairs(
+    task, pool: list[Example], rankings: list[Ranking]
+) -> tuple[list[str], list[str], list[str], list[tuple[int, int]]]:
+    """What the LM scores for each candidate of each ranking: (demonstration, context = demonstration + query,
+    target = the query's gold answer, (qid, candidate position)), four parallel lists."""
+    demos, contexts, targets, where = [], [], [], []
+    for r in rankings:
+        x = pool[r.qid]
+        for j, cid in enumerate(r.ids):
+            demos.append(task.format_demo(pool[cid]))
+            contexts.append(demos[-1] + task.format_query(x.input))
+            targets.append(task.format_target(x.output))
+            where.append((r.qid, j))
+    return demos, contexts, targets, where
+
+
+def run_pair_keys(ctx: Context) -> set[str]:
+    """The score-cache keys of every pair this run's scores stage scores (its candidates): what `epr cache export
+    --this-run` ships, so a results folder holds its own labels and nothing else."""
+    from epr.lm.score_cache import pair_key
+
+    _, contexts, targets, _ = scored_pairs(
+        ctx.task, ctx.examples("pool"), ctx.rankings("candidates", "candidates.jsonl")
+    )
+    return {pair_key(c, t) for c, t in zip(contexts, targets)}
+
+
 def score_chunk(
     scorer: LMScorer,
     task,
@@ -42,14 +69,7 @@ def score_chunk(
     """Score one chunk of rankings; returns rows ``{qid, ids, scores}`` and the number of too-long pairs.
 
     Pairs found in ``cache`` are not scored again; the new scores are added to it."""
-    contexts, targets, where, demos = [], [], [], []
-    for r in rankings:
-        x = pool[r.qid]
-        for j, cid in enumerate(r.ids):
-            demos.append(task.format_demo(pool[cid]))
-            contexts.append(demos[-1] + task.format_query(x.input))
-            targets.append(task.format_target(x.output))
-            where.append((r.qid, j))
+    demos, contexts, targets, where = scored_pairs(task, pool, rankings)
     flat: list[float | None] = [None] * len(contexts)
     cached = cache.get(contexts, targets) if cache is not None else flat
     todo = [i for i, v in enumerate(cached) if v is None]

@@ -130,3 +130,24 @@ def test_cached_scores_fills_the_cache_chunk_by_chunk_and_resumes(tmp_path):
     got = cached_scores(again, ScoreCache(tmp_path, {"lm": "fake"}), ctx, tgt, "gold", chunk=5)
     assert again.scored == 13  # the 23 scorable pairs minus the 10 already cached
     np.testing.assert_array_equal(got, plain)
+
+
+def test_this_run_exports_exactly_the_runs_pairs(tmp_path, tiny_task_files, tiny_lm_dir, capsys):
+    """`--this-run`: a results folder ships its own labels, not every other run's scores under the same LM."""
+    a = make_ctx(tmp_path / "a", tiny_task_files, tiny_lm_dir)
+    pipeline.run(a, until="scores")
+    from epr.lm.factory import score_cache
+
+    cache = score_cache(a.cfg)
+    cache.put(["another run's context"], ["its target"], [-3.0], "other")  # same LM, not this run's pair
+    f = tmp_path / "run.json.gz"
+    assert cli(tmp_path / "a", tiny_task_files, tiny_lm_dir, "cache", "export", str(f), "--this-run") == 0
+    stores = json.loads(gzip.open(f, "rt").read())["stores"]
+    assert len(stores) == 1 and len(stores[0]["scores"]) == 144  # the run's 144 pairs, not the 145 held
+    assert set(stores[0]["scores"]) == {k for k in cache.items() if cache.items()[k] != -3.0}
+    # a run not fully scored is refused, not exported in part
+    b = make_ctx(tmp_path / "b", tiny_task_files, tiny_lm_dir)
+    pipeline.run(b, until="candidates")
+    score_cache(b.cfg).put(["x"], ["y"], [-1.0], "t")
+    assert cli(tmp_path / "b", tiny_task_files, tiny_lm_dir, "cache", "export", str(f), "--this-run") == 2
+    assert "pairs are not scored yet" in capsys.readouterr().err
