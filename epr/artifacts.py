@@ -179,8 +179,9 @@ def read_jsonl(path: str | Path, required: Iterable[str] = ()) -> Iterator[dict[
         yield row
 
 
-def read_jsonl_lines(path: str | Path, required: Iterable[str] = ()) -> Iterator[tuple[int, dict[str, Any]]]:
-    """:func:`read_jsonl` with each object's 1-based line number (a JSON array's elements: their index)."""
+def read_jsonl_lines(path: str | Path, required: Iterable[str] = ()) -> Iterator[tuple[str, dict[str, Any]]]:
+    """:func:`read_jsonl` with where each object is, for messages: ``'<path>:<line>'`` (1-based), or
+    ``'<path>: array element <i>'`` in a JSON array file."""
     path = Path(path)
     required = tuple(required)
 
@@ -211,14 +212,16 @@ def read_jsonl_lines(path: str | Path, required: Iterable[str] = ()) -> Iterator
                         f"{path}:{lineno}: expected JSON Lines (one object per line) or one array"
                     )
                 for i, row in enumerate(rows, start=1):
-                    yield i, check(row, f"{path}: array element {i}")
+                    where = f"{path}: array element {i}"
+                    yield where, check(row, where)
                 return
             first = False
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as e:
                 raise InputError(f"{path}:{lineno}: malformed JSON ({e.msg} at column {e.colno})") from None
-            yield lineno, check(row, f"{path}:{lineno}")
+            where = f"{path}:{lineno}"
+            yield where, check(row, where)
 
 
 def open_text(path: Path, newline: str | None = None):

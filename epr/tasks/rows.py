@@ -71,24 +71,13 @@ def read_table(path: str | Path, input_field: str, output_field: str) -> Iterabl
                     f"{path}:{reader.line_num}: not valid CSV ({e}); quote fields as RFC 4180 does"
                 ) from None
     else:
-        array = _starts_array(path)
-        for lineno, row in read_jsonl_lines(path, required=(input_field, output_field)):
-            where = f"{path}: array element {lineno}" if array else f"{path}:{lineno}"
+        for where, row in read_jsonl_lines(path, required=(input_field, output_field)):
             yield text_fields(row, (input_field, output_field), where), where
             n += 1
     if n == 0:
         raise InputError(
             f"{path}: no rows (an empty file); expected rows with the fields {input_field!r}, {output_field!r}"
         )
-
-
-def _starts_array(path: Path) -> bool:
-    """Whether a JSON file is one array (read whole) rather than JSON Lines: its first non-blank character is '['."""
-    with open_text(path) as f:
-        for line in f:
-            if line.strip():
-                return line.lstrip().startswith("[")
-    return False
 
 
 def field_text(value: Any, where: str, field: str) -> str | None:

@@ -171,8 +171,8 @@ class TruthfulQA(Task):
             path = self.data_path("truthfulqa", "truthfulqa.2021-10.jsonl")
             rows = [
                 row
-                for lineno, r in read_jsonl_lines(path, required=("question", "correct_answers"))
-                for row in _answer_rows(r, {"id": r.get("id")}, f"{path}:{lineno}")
+                for where, r in read_jsonl_lines(path, required=("question", "correct_answers"))
+                for row in _answer_rows(r, {"id": r.get("id")}, where)
             ]
         else:
             from datasets import load_dataset

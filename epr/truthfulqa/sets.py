@@ -121,10 +121,10 @@ def data_file(data_dir: str | None, version: str = "2021-10") -> Path:
 def load_tqa(data_dir: str | None, version: str = "2021-10") -> list[dict]:
     path = data_file(data_dir, version)
     rows = []
-    for lineno, r in read_jsonl_lines(
+    for where, r in read_jsonl_lines(
         path, required=("question", "correct_answers", "incorrect_answers", "mc1_targets", "mc2_targets")
     ):
-        _check_row(r, f"{path}:{lineno}")
+        _check_row(r, where)
         # as lm-evaluation-harness's copy: the data files' question 247 ("... a tarot card showing Death? ") ends
         # with a space that moved that question's log-likelihoods by up to 0.35 nats against lm-eval
         r["question"] = r["question"].strip()
