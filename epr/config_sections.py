@@ -87,6 +87,11 @@ class DataConfig:
         "the end (needs data.eval_limit)",
         ("dev", "locked"),
     )
+    hub_revision: str | None = opt(
+        None,
+        "where a task reads the hub (no data_dir): the dataset revision (commit, tag or branch) to load; pin it so a "
+        "hub update makes the run stale instead of mixing versions; null: the newest, with a warning",
+    )
     path: str | None = opt(None, "generic task (jsonl): the {input, output} JSONL/CSV file")
     eval_path: str | None = opt(None, "generic task (jsonl): optional separate evaluation file")
     input_field: str = opt("input", "generic task (jsonl): the column holding the input")

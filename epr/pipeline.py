@@ -54,6 +54,8 @@ def _const(*deps: str):
 def _examples_keys(ctx: Context) -> dict:
     # the whole eval split is kept: the compared part (eval_limit, eval_part) is the retrieve stage's key
     data = {k: v for k, v in ctx.cfg.section("data").items() if k not in ("eval_limit", "eval_part")}
+    if data.get("hub_revision") is None:  # unpinned (or no hub): keys stay as they were before the option
+        data.pop("hub_revision", None)
     keys: dict = {"data": data}
     # data files may be edited or replaced in place: their content is part of the key (hashed once per change)
     # (every file the task reads, and data.path / data.eval_path even where a task reads its own files instead;

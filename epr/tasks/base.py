@@ -229,10 +229,8 @@ class Task:
     ) -> list[RawRow]:
         if self.hub_name is None:
             raise InputError(f"task {self.name}: no data_dir given and no hub dataset known")
-        from datasets import load_dataset
-
         try:
-            ds = load_dataset(self.hub_name, config, split=split)
+            ds = self.load_hub(config, split)
         except Exception as e:  # offline, or the hub layout changed
             raise InputError(
                 f"task {self.name}: could not load {self.hub_name!r} split {split!r} from the hub ({e}); "
@@ -252,6 +250,21 @@ class Task:
             )  # as file rows: text, numbers as JSON writes
             out.append(RawRow(t[input_field], t[output_field], {}, where))
         return out
+
+    def load_hub(self, config: str | None, split: str):
+        """``split`` of the hub dataset at ``data.hub_revision``. Unpinned, the hub's newest version is read and
+        the run's key cannot see a later update: say so."""
+        from datasets import load_dataset
+
+        rev = self.cfg.hub_revision
+        if rev is None:
+            log.warning(
+                "task %s: reading %s from the hub unpinned; set data.hub_revision=<commit> so that a hub update "
+                "makes this run stale instead of mixing versions",
+                self.name,
+                self.hub_name,
+            )
+        return load_dataset(self.hub_name, config, split=split, revision=rev)
 
     def data_path(self, *parts: str) -> Path:
         assert self.cfg.data_dir is not None

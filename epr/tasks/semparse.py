@@ -175,9 +175,7 @@ class TruthfulQA(Task):
                 for row in _answer_rows(r, {"id": r.get("id")}, where)
             ]
         else:
-            from datasets import load_dataset
-
-            ds = load_dataset(self.hub_name, "generation", split="validation")
+            ds = self.load_hub("generation", "validation")
             rows = [row for i, r in enumerate(ds) for row in _answer_rows(r, {}, f"{self.hub_name}#{i}")]
         return split_pool_eval(rows, self.cfg.eval_size, self.cfg.split_seed, group=lambda r: r.input)
 

@@ -191,6 +191,19 @@ def test_builtin_task_data_edited_in_place_makes_examples_stale(task, files, tmp
     assert pipeline.stage_fingerprint(Context(cfg), "examples") != fp
 
 
+def test_hub_revision_is_part_of_the_examples_key_and_unpinned_keys_stay(tmp_path):
+    """A pinned hub revision keys the run (a different revision is different data); unpinned, the key is the one
+    runs had before the option existed (no hub_revision entry), so committed runs stay fresh."""
+    base = [f"run_root={tmp_path}", "data.task=mtop"]
+    fp = pipeline.stage_fingerprint(Context(load_config([], base)), "examples")
+    assert "hub_revision" not in pipeline._examples_keys(Context(load_config([], base)))["data"]
+    pinned = [
+        pipeline.stage_fingerprint(Context(load_config([], [*base, f"data.hub_revision={r}"])), "examples")
+        for r in ("abc123", "def456")
+    ]
+    assert pinned[0] != fp and pinned[1] != pinned[0]
+
+
 # ---- scripts/mtop_curve.py: a row's key by the stages' rules --------------------------------------------------
 @pytest.fixture(scope="module")
 def curve():

@@ -304,3 +304,16 @@ def test_hub_rows_get_the_file_rows_checks(monkeypatch):
     monkeypatch.setattr(_HubSplit, "column_names", ["question", "parse"])
     with pytest.raises(InputError, match=r"has no column\(s\) \['logical_form'\]; its columns are"):
         get_task(DataConfig(task="mtop")).load()
+
+
+def test_hub_revision_reaches_the_hub_and_unpinned_reads_warn(monkeypatch, caplog):
+    import datasets
+
+    seen = []
+    rows = _HubSplit({"question": f"q{i}", "logical_form": f"[IN:X {i}]"} for i in range(6))
+    monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: seen.append(k.get("revision")) or rows)
+    with caplog.at_level("WARNING"):
+        get_task(DataConfig(task="mtop", hub_revision="abc123")).load()
+    assert seen == ["abc123", "abc123"] and "unpinned" not in caplog.text
+    get_task(DataConfig(task="mtop")).load()
+    assert seen[2:] == [None, None] and "data.hub_revision=<commit>" in caplog.text
