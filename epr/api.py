@@ -305,16 +305,11 @@ class PromptRetriever:
                 raise TypeError(
                     f"add: {name} must be a str (or a number), got {type(v).__name__} ({v!r:.60})"
                 )
-            t = field_text(v, "add", name)
-            if t is None or not t.strip():
-                raise ValueError(
-                    f"add: {name} is empty (or only whitespace); a demonstration needs both texts"
-                )
-            texts[name] = t.strip()
-        if self.task.stop in texts["output"]:
-            raise ValueError(
-                f"add: output holds the task's end marker {self.task.stop!r}; generation ends an answer there"
-            )
+            texts[name] = field_text(v, "add", name)
+        why = self.task.unusable(texts["input"], texts["output"])
+        if why:
+            raise ValueError(f"add: {why}; a demonstration needs a non-empty input and output")
+        texts = {k: v.strip() for k, v in texts.items()}
         ex = Example(len(self.pool), texts["input"], texts["output"], {})
         self.index.add(self.encoder.encode([demo_text(self.task, ex)], "prompt"))
         self.pool.append(ex)

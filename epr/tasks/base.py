@@ -193,23 +193,25 @@ class Task:
         for r in rows:
             if limit is not None and len(out) >= limit:
                 break
-            if not isinstance(r.input, str) or not r.input.strip():
-                self.report.skip(r.where, "empty input")
-                continue
-            if not isinstance(r.output, str) or not r.output.strip():
-                self.report.skip(r.where, "empty output")
-                continue
-            if self.stop in r.output.strip():
-                # generation ends at the end marker, so such a gold answer could never be matched, and as a
-                # demonstration it would end mid-answer
-                self.report.skip(
-                    r.where,
-                    f"output holds the end marker {self.stop!r} (the prompt format ends an answer there)",
-                )
+            why = self.unusable(r.input, r.output)
+            if why:
+                self.report.skip(r.where, why)
                 continue
             out.append(Example(len(out), r.input.strip(), r.output.strip(), {**r.meta, "source": r.where}))
         self.report.kept += len(out)
         return out
+
+    def unusable(self, input, output) -> str | None:
+        """Why a row cannot be an example (None when it can): an empty input or output, or an output holding the
+        end marker (generation ends there, so such a gold answer could never be matched, and as a demonstration
+        it would end mid-answer). The one rule for data files, the hub and :meth:`epr.api.PromptRetriever.add`."""
+        if not isinstance(input, str) or not input.strip():
+            return "empty input"
+        if not isinstance(output, str) or not output.strip():
+            return "empty output"
+        if self.stop in output.strip():
+            return f"output holds the end marker {self.stop!r} (the prompt format ends an answer there)"
+        return None
 
     def rows_from_file(
         self,
