@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-import mtop_curve as curve  # noqa: E402
+import learning_curve as curve  # noqa: E402
 
 from benchmarks.common import describe, machine  # noqa: E402
 from epr.config import load_config  # noqa: E402
@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ref", default="bm25")
     ap.add_argument("--run-root", default="runs")
     ap.add_argument(
-        "--out", default=None, help="the curve's results folder (default: as scripts/mtop_curve.py)"
+        "--out", default=None, help="the curve's results folder (default: as scripts/learning_curve.py)"
     )
     ap.add_argument("--set", action="append", default=[])
     a = ap.parse_args(argv)

@@ -286,7 +286,7 @@ def _accelerator(tc, out: Path) -> Accelerator:
     from accelerate.state import AcceleratorState
 
     if AcceleratorState._shared_state.get("_mixed_precision", tc.mixed_precision) != tc.mixed_precision:
-        # an earlier training in this process (mtop_curve, tests) used another precision; the process
+        # an earlier training in this process (the learning curve, tests) used another precision; the process
         # layout (PartialState) stays
         AcceleratorState._reset_state()
     return Accelerator(

@@ -204,13 +204,13 @@ def test_hub_revision_is_part_of_the_examples_key_and_unpinned_keys_stay(tmp_pat
     assert pinned[0] != fp and pinned[1] != pinned[0]
 
 
-# ---- scripts/mtop_curve.py: a row's key by the stages' rules --------------------------------------------------
+# ---- scripts/learning_curve.py: a row's key by the stages' rules --------------------------------------------------
 @pytest.fixture(scope="module")
 def curve():
     import importlib.util
 
     root = Path(__file__).resolve().parents[2]
-    spec = importlib.util.spec_from_file_location("mtop_curve", root / "scripts" / "mtop_curve.py")
+    spec = importlib.util.spec_from_file_location("learning_curve", root / "scripts" / "learning_curve.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod

@@ -1,0 +1,314 @@
+"""The learning curve: what the learned retriever gains as it gets more LM-labelled training examples (MTOP by
+default; any dataset with a curve config: ``-c configs/smcalflow_curve.yaml``, ``-c configs/break_curve.yaml``).
+
+    python scripts/learning_curve.py                                  # the committed curve (results/mtop-curve/)
+    python scripts/learning_curve.py -c configs/break_curve.yaml      # BREAK's (results/break-curve/)
+    python scripts/learning_curve.py --sizes 250,500 --losses distill --em none     # a quick partial curve
+    python scripts/learning_curve.py --set models.dtype=auto          # any config key (here: bf16 where fast)
+
+Every step is resumable (stages, the run root's score cache, per-row files): rerun the same command after a kill.
+
+1. Labels for the largest size (``configs/mtop_curve.yaml``: nested seeded label sets, so each smaller set is a
+   prefix of the largest and reuses its scores from the score cache).
+2. For each size x loss: train (``runs/<name>/<size>-<loss>/``, ``name`` from the config), then the dense metric on the evaluation examples:
+   the gold answer's log-probability under the inference LM given the retrieved demonstrations (one forward pass
+   per example; RAGSys's way of judging a retriever) and its DPO form against the empty context.
+3. Reference rows, with the same metric: BM25, SBERT, the untrained dual encoder, BM25-Oracle, LM-Oracle.
+4. Exact match (generation) for the rows that decide the bar (``--em``: the references and the largest size of
+   each loss, by default), with paired exact McNemar tests against BM25 and SBERT on the same examples.
+
+Writes ``curve.json`` (rows ``{retriever, loss, labels, n, em, p_vs_bm25, p_vs_sbert, gold_logprob, dpo}``),
+``curve.md`` and ``curve.png`` into ``--out``, naming the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from epr import pipeline  # noqa: E402
+from epr.artifacts import atomic_write_text  # noqa: E402
+from epr.config import load_config  # noqa: E402
+from epr.context import Context  # noqa: E402
+from epr.reports.curve import (  # noqa: E402  (the rows' math and files; re-exported for scripts/curve_diagnose.py)
+    BASE_SEED,
+    add_pooled,
+    attach_em,
+    pooled,
+    save_em,
+    seeded,
+    write_curve,
+)
+
+log = logging.getLogger("learning_curve")
+
+LOSS_SETTINGS = {  # the similarity each loss is trained with (EPR: the paper's raw inner product)
+    "epr": ["train.loss=epr", "train.similarity=dot"],
+    "listwise": ["train.loss=listwise", "train.similarity=cosine"],
+    "distill": ["train.loss=distill", "train.similarity=cosine"],
+}
+REFERENCES = ("bm25", "sbert", "untrained", "bm25-oracle", "lm-oracle")
+
+
+SPLIT_SETTINGS = {  # dev: the seeded evaluation subset every choice is made on; locked: the rest, once at the end
+    "dev": [],
+    "locked": ["data.eval_part=locked", "retrieve.eval_limit=null"],
+}
+
+
+def ctx_for(args, name: str, *extra: str) -> Context:
+    sets = [f"run_root={args.run_root}", *args.set, f"name={name}", *SPLIT_SETTINGS[args.split], *extra]
+    return Context(load_config([args.config], sets))
+
+
+class DenseMetric:
+    """Gold log-prob (and DPO vs the empty context) of one retriever's prompts; the inference LM loaded once."""
+
+    def __init__(self, ctx: Context):
+        from epr.lm.factory import lm_spec, load, score_cache, scorer_for
+        from epr.stages.predict import gold_logprob
+        from epr.stages.retrieve import eval_examples
+
+        self.model, self.tok = load(lm_spec(ctx.cfg, inference=True))
+        self.scorer, self.cache = (
+            scorer_for(ctx.cfg, self.model, self.tok),
+            score_cache(ctx.cfg, inference=True),
+        )
+        self.ev = eval_examples(ctx)
+        task = ctx.task
+        self.empty = gold_logprob(
+            self.scorer, self.cache, task, [task.format_query(e.input) for e in self.ev], self.ev
+        )
+
+    def __call__(self, ctx: Context, retriever: str) -> dict:
+        from epr.retrieval.retrievers import make_retriever
+        from epr.stages.evaluate import logprob_metrics
+        from epr.stages.predict import gold_logprob
+        from epr.stages.prompts import prompt_maker
+
+        r = make_retriever(retriever, ctx.examples("pool"), ctx.task, ctx.cfg, ctx.encoder_dir(retriever))
+        make = prompt_maker(ctx, self.tok)
+        prompts = [make(e, ids) for e, ids in zip(self.ev, r.retrieve(self.ev, ctx.cfg.retrieve.k).ids)]
+        lp = gold_logprob(self.scorer, self.cache, ctx.task, [p.text for p in prompts], self.ev)
+        m = logprob_metrics(lp, self.empty)
+        return {
+            "n": len(self.ev),
+            "gold_logprob": m["gold_logprob"]["value"],
+            "gold_logprob_ci": [m["gold_logprob"]["ci_low"], m["gold_logprob"]["ci_high"]],
+            "dpo": m["dpo"]["value"],
+            "per_query_logprob": [None if np.isnan(v) else float(v) for v in lp],
+        }
+
+
+def row_key(ctx: Context, retriever: str, fp: str, n: int) -> dict:
+    """What a dense-metric row was computed from, by the stages' own fingerprint rules: ``fp`` (the run's labels or
+    encoder), the retrieve stage's keys for this one retriever (``retrieve.k``, the eval subset, the SBERT encoder,
+    ...), the prompts stage's keys (``retrieve.prompt_budget``, ``retrieve.max_demos``, the inference LM's
+    tokenizer), the gold log-prob's scoring key (``models.inference_lm``: identity, dtype, forward) and ``n``."""
+    import dataclasses
+
+    from epr.lm.factory import scoring_key
+
+    cfg = ctx.cfg
+    one = Context(
+        dataclasses.replace(cfg, retrieve=dataclasses.replace(cfg.retrieve, retrievers=(retriever,)))
+    )
+    return {
+        "fp": fp,
+        "n": n,
+        "retriever": retriever,
+        "retrieve": pipeline.STAGES["retrieve"].keys(one),
+        "prompts": pipeline.STAGES["prompts"].keys(one),
+        "gold_logprob": scoring_key(cfg, inference=True),
+    }
+
+
+def cached_row(path: Path, key: dict, compute) -> dict:
+    """A row file reused while its key (what it was computed from) is unchanged."""
+    key = json.loads(json.dumps(key))  # as the file holds it (tuples as lists)
+    if path.exists():
+        row = json.loads(path.read_text())
+        if row.get("key") == key:
+            return row
+    t = time.time()
+    row = {"key": key, **compute(), "seconds": round(time.time() - t, 1)}
+    atomic_write_text(path, json.dumps(row) + "\n")  # a kill mid-write leaves the old row or none
+    return row
+
+
+def em_rows(ctx: Context, retrievers: list[str]) -> dict[str, dict]:
+    """Run the compare stages (generation, resumable) for ``retrievers``; per-query correctness by retriever, and
+    the task's other exact-match metrics (``metrics``: BREAK's LF-EM beside its NEM)."""
+    pipeline.run(ctx, until="evaluate")
+    per_query = [
+        json.loads(x) for x in (ctx.stage_dir("evaluate") / "per_query.jsonl").read_text().splitlines()
+    ]
+    extra = list(ctx.task.extra_metrics)
+    return {
+        r: {
+            "idx": [q["idx"] for q in per_query],
+            "correct": [bool(q[r]["correct"]) for q in per_query],
+            "prediction": [q[r]["prediction"] for q in per_query],
+            **({"metrics": {m: [bool(q[r][m]) for q in per_query] for m in extra}} if extra else {}),
+        }
+        for r in retrievers
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("-c", "--config", default=str(ROOT / "configs" / "mtop_curve.yaml"))
+    ap.add_argument("--sizes", default="250,500,1000,2000")
+    ap.add_argument("--losses", default="distill,listwise,epr")
+    ap.add_argument(
+        "--em", default="largest", help="which learned rows get exact match: largest | all | none"
+    )
+    ap.add_argument("--refs", default=",".join(REFERENCES), help="reference rows (gold log-prob)")
+    ap.add_argument("--refs-em", default=",".join(REFERENCES), help="reference rows that get exact match")
+    ap.add_argument("--run-root", default="runs")
+    ap.add_argument("--out", default=None, help="default: results/<config name>[-locked]/")
+    ap.add_argument("--set", action="append", default=[])
+    ap.add_argument("--split", choices=sorted(SPLIT_SETTINGS), default="dev")
+    ap.add_argument(
+        "--seeds",
+        default=str(BASE_SEED),
+        help="training seeds (train.seed) of every learned row; >1: pooled rows",
+    )
+    ap.add_argument(
+        "--import-scores",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="add an `epr cache export` file (e.g. committed labels) to the run root's score cache first",
+    )
+    a = ap.parse_args(argv)
+    cfg0 = load_config([a.config], [f"run_root={a.run_root}", *a.set])
+    a.name = cfg0.name  # the runs' and the results' name (mtop-curve, break-curve, ...)
+    a.lms = (
+        f"scoring LM {cfg0.models.lm}, inference LM {cfg0.models.inference_lm or cfg0.models.lm} "
+        f"(models.dtype={cfg0.models.dtype})"
+    )
+    if a.out is None:
+        a.out = str(ROOT / "results" / (a.name + ("-locked" if a.split == "locked" else "")))
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    sizes = sorted(int(s) for s in a.sizes.split(","))
+    seeds = [int(s) for s in a.seeds.split(",") if s]
+    losses = [s for s in a.losses.split(",") if s]
+    out = Path(a.out)
+    rows_dir = out / "rows"
+    t0 = time.time()
+
+    for f in a.import_scores:  # scores of the same computation key are served, never scored again
+        from epr.lm.score_cache import import_scores
+
+        for store, c in import_scores(Path(cfg0.run_root) / ".cache" / "scores", f).items():
+            log.info("imported %s into %s: %s", f, store, c)
+
+    # 1. labels for the largest set (smaller sets reuse its scores)
+    base = ctx_for(a, a.name, f"candidates.num_queries={sizes[-1]}")
+    pipeline.run(base, until="labels")
+    log.info("labels for %d training examples ready (%.0f s)", sizes[-1], time.time() - t0)
+    sm = json.loads((base.stage_dir("scores") / "manifest.json").read_text())
+    a.labels_info = {"sequences": sm["rows"]["sequences"], "speed": sm.get("scoring_speed")}
+
+    metric = DenseMetric(base)
+    rows: list[dict] = []
+
+    def add(
+        retriever: str, loss: str | None, labels: int | None, ctx: Context, name: str, fp: str, seed=None
+    ) -> dict:
+        key = row_key(ctx, retriever, fp, len(metric.ev))
+        r = cached_row(rows_dir / f"{name}.json", key, lambda: metric(ctx, retriever))
+        row = {
+            "name": name,
+            "retriever": name.split("@")[0],
+            "loss": loss,
+            "labels": labels,
+            "seed": seed,
+            "seeds": 1,
+            "split": a.split,
+            "run": str(ctx.cfg.run_dir),
+            **r,
+        }
+        rows.append(row)
+        log.info("%s: gold log-prob %.3f (DPO %.3f)", name, row["gold_logprob"], row["dpo"])
+        return row
+
+    # 2. references (dense metric)
+    # (reference runs depend only on the largest size: rows of a partial run are reused by the full one)
+    top = f"candidates.num_queries={sizes[-1]}"
+    ref_ctx = ctx_for(a, f"{a.name}/ref", top)
+    pipeline.run(ref_ctx, until="labels")
+    untrained = ctx_for(a, f"{a.name}/untrained", top, "train.epochs=0", *LOSS_SETTINGS["distill"])
+    pipeline.run(untrained, until="encoder")
+    for r in [r for r in a.refs.split(",") if r]:
+        c = untrained if r == "untrained" else ref_ctx
+        fp = pipeline.stage_fingerprint(c, "encoder" if r == "untrained" else "labels")
+        add("epr" if r == "untrained" else r, None, None, c, r, fp)
+
+    # 3. the curve: train each (size, loss), dense metric
+    runs: dict[tuple[int, str], Context] = {}
+    for n in sizes:
+        for loss in losses:
+            for seed in seeds:
+                c = curve_ctx(a, n, loss, seed)
+                t = time.time()
+                pipeline.run(c, until="encoder")
+                log.info("trained %d-%s seed %d (%.0f s)", n, loss, seed, time.time() - t)
+                runs[(n, loss, seed)] = c
+                fp = pipeline.stage_fingerprint(c, "encoder")
+                add("epr", loss, n, c, seeded(f"epr@{n}-{loss}", seed), fp, seed)
+            add_pooled(rows, n, loss, seeds)
+            write_curve(out, rows, a, t0)
+
+    # 4. exact match for the rows that decide the bar
+    em: dict[str, dict] = {}
+    refs = [r for r in a.refs_em.split(",") if r]
+    if a.em != "none":
+        plain = [r for r in refs if r != "untrained"]
+        ref_em = ctx_for(a, f"{a.name}/ref", top, f"retrieve.retrievers=[{','.join(plain)}]")
+        em |= em_rows(ref_em, plain)
+        if "untrained" in refs:
+            u = ctx_for(
+                a,
+                f"{a.name}/untrained",
+                top,
+                "train.epochs=0",
+                *LOSS_SETTINGS["distill"],
+                "retrieve.retrievers=[epr]",
+            )
+            em["untrained"] = em_rows(u, ["epr"])["epr"]
+        for n, loss, seed in runs:
+            if a.em == "all" or n == sizes[-1]:
+                c2 = curve_ctx(a, n, loss, seed, "retrieve.retrievers=[epr]")
+                em[seeded(f"epr@{n}-{loss}", seed)] = em_rows(c2, ["epr"])["epr"]
+                if len(seeds) > 1 and all(seeded(f"epr@{n}-{loss}", s) in em for s in seeds):
+                    em[f"epr@{n}-{loss}-pooled"] = pooled([em[seeded(f"epr@{n}-{loss}", s)] for s in seeds])
+                attach_em(rows, em)
+                write_curve(out, rows, a, t0)
+    attach_em(rows, em)
+    for name, e in em.items():
+        if not name.endswith("-pooled"):
+            save_em(rows_dir, name, e)
+    write_curve(out, rows, a, t0)
+    log.info("done in %.0f s: %s", time.time() - t0, out)
+    return 0
+
+
+def curve_ctx(a, n: int, loss: str, seed: int, *extra: str) -> Context:
+    """The training run of one curve point: ``n`` labels, ``loss``, training seed ``seed``."""
+    settings = [f"candidates.num_queries={n}", *LOSS_SETTINGS[loss], f"train.seed={seed}", *extra]
+    return ctx_for(a, seeded(f"{a.name}/{n}-{loss}", seed), *settings)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
