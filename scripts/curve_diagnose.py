@@ -8,7 +8,7 @@ Rebuilds each compared example's prompt for the reference (``--ref``, BM25 by de
 curve's own contexts (the same trained encoder, budget and tokenizer; no LM is run), then reports the paired
 differences in gold log-prob: mean, median and quantiles (a mean over examples is dominated by a few examples whose
 log-prob moves by tens of nats), and the mean difference by stratum: how many demonstrations fit, whether a
-demonstration with the gold's exact output or its bracket skeleton (the parse without its slot text) is in the
+demonstration with the gold's exact output or its skeleton (``Task.skeleton``: the parse without its slot text) is in the
 prompt, and the gold's length. Writes ``diagnose-<row>.{json,md}`` next to the curve's results.
 """
 
@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
-import re
 import sys
 from pathlib import Path
 
@@ -33,11 +32,6 @@ from benchmarks.common import describe, machine  # noqa: E402
 from epr.config import load_config  # noqa: E402
 
 
-def skeleton(y: str) -> str:
-    """The parse's structure: its bracketed labels (``[IN:X``, ``[SL:Y``, ``]``) without the slot text."""
-    return " ".join(t for t in y.split() if t.startswith("[") or t == "]" or re.fullmatch(r"\)+|\(\S+", t))
-
-
 def features(ctx, retriever: str, tok) -> list[dict]:
     from epr import pipeline
     from epr.retrieval.retrievers import make_retriever
@@ -48,17 +42,19 @@ def features(ctx, retriever: str, tok) -> list[dict]:
     pool, ev = ctx.examples("pool"), eval_examples(ctx)
     r = make_retriever(retriever, pool, ctx.task, ctx.cfg, ctx.encoder_dir(retriever))
     make = prompt_maker(ctx, tok)
+    skeleton = ctx.task.skeleton  # the dataset's own notion of a parse's structure (None: it has none)
     out = []
     for e, ids in zip(ev, r.retrieve(ev, ctx.cfg.retrieve.k).ids):
         p = make(e, ids)
         demos = [pool[i] for i in p.demo_ids]
+        gold_sk = skeleton(e.output)
         out.append(
             {
                 "idx": e.idx,
                 "n_demos": len(demos),
                 "n_tokens": p.n_tokens,
                 "exact": any(d.output == e.output for d in demos),
-                "skeleton": any(skeleton(d.output) == skeleton(e.output) for d in demos),
+                "skeleton": None if gold_sk is None else any(skeleton(d.output) == gold_sk for d in demos),
                 "gold_tokens": len(tok(e.output, add_special_tokens=False)["input_ids"]),
             }
         )
@@ -119,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     d = (lp[row_name] - lp[a.ref])[ok]
     R = [x for x, o in zip(ref, ok) if o]
     M = [x for x, o in zip(mine, ok) if o]
+    has_sk = all(x["skeleton"] is not None for x in R + M)  # False: the task knows no skeleton
     em = {}
     for k in (a.ref, row_name):
         f = out / "rows" / f"em-{k}.json.gz"
@@ -149,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
                 "n_demos": float(np.mean([x["n_demos"] for x in X])),
                 "n_tokens": float(np.mean([x["n_tokens"] for x in X])),
                 "exact_output_in_prompt": float(np.mean([x["exact"] for x in X])),
-                "skeleton_in_prompt": float(np.mean([x["skeleton"] for x in X])),
+                "skeleton_in_prompt": None if not has_sk else float(np.mean([x["skeleton"] for x in X])),
             }
             for who, X in ((a.ref, R), (row_name, M))
         },
@@ -158,8 +155,14 @@ def main(argv: list[str] | None = None) -> int:
             *strata(
                 d, [int(np.sign(m["n_demos"] - r["n_demos"])) for m, r in zip(M, R)], "n_demos (row - ref)"
             ),
-            *strata(
-                d, [f"{int(r['skeleton'])}{int(m['skeleton'])}" for m, r in zip(M, R)], "skeleton in ref, row"
+            *(
+                strata(
+                    d,
+                    [f"{int(r['skeleton'])}{int(m['skeleton'])}" for m, r in zip(M, R)],
+                    "skeleton in ref, row",
+                )
+                if has_sk
+                else []
             ),
             *strata(
                 d, [f"{int(r['exact'])}{int(m['exact'])}" for m, r in zip(M, R)], "exact output in ref, row"
@@ -185,7 +188,12 @@ def main(argv: list[str] | None = None) -> int:
         "|---|---|---|---|---|",
         *(
             f"| {k} | {v['n_demos']:.2f} | {v['n_tokens']:.0f} | {100 * v['exact_output_in_prompt']:.1f}% | "
-            f"{100 * v['skeleton_in_prompt']:.1f}% |"
+            + (
+                "n/a (the task knows no skeleton)"
+                if v["skeleton_in_prompt"] is None
+                else f"{100 * v['skeleton_in_prompt']:.1f}%"
+            )
+            + " |"
             for k, v in report["prompts"].items()
         ),
         "",

@@ -294,6 +294,12 @@ class Task:
     def normalize(self, y: str) -> str:
         return " ".join(y.split())
 
+    def skeleton(self, y: str) -> str | None:
+        """The output's structure without its content words (a parse's skeleton), where the task knows one; two
+        outputs with the same skeleton differ only in the text they fill in. ``scripts/curve_diagnose.py`` asks
+        whether a prompt holds a demonstration with the gold's skeleton. None: the task knows no structure."""
+        return None
+
     def is_correct(self, pred: str, gold: str) -> bool:
         return self.normalize(pred) == self.normalize(gold)
 

@@ -9,11 +9,17 @@ from pathlib import Path
 from epr.artifacts import read_jsonl_lines
 from epr.tasks.base import RawRow, Task, field_text, register, split_pool_eval
 from epr.tasks.qdmr_lf import lf_match
+from epr.tasks.qdmr_steps import UnparsableQDMR, operator_of, parse_steps
 from epr.types import InputError
 
 __all__ = ["MTOP", "Break", "SMCalFlow", "Demo", "Generic", "TruthfulQA"]
 
 DEMO_DIR = Path(__file__).resolve().parent.parent / "data"
+
+
+def bracket_skeleton(y: str) -> str:
+    """A bracketed parse's labels (``[IN:X``, ``[SL:Y``, ``]``) without the slot text (MTOP, the demo set)."""
+    return " ".join(t for t in y.split() if t.startswith("[") or t == "]" or re.fullmatch(r"\)+|\(\S+", t))
 
 
 @register("mtop")
@@ -38,6 +44,9 @@ class MTOP(Task):
             self.rows_from_hub("train", "question", "logical_form"),
             self.rows_from_hub("validation", "question", "logical_form"),
         )
+
+    def skeleton(self, y: str) -> str:
+        return bracket_skeleton(y)
 
 
 @register("break")
@@ -67,6 +76,18 @@ class Break(Task):
         steps = [" ".join(s.lower().split()) for s in y.split(";")]
         steps = [re.sub(r"\s*#\s*(\d+)", r" #\1", s).strip() for s in steps]
         return " ; ".join(s for s in steps if s)
+
+    def skeleton(self, y: str) -> str:
+        """Each step's QDMR operator and the steps it refers to (``select ; filter #1 ; aggregate #2``); a step
+        whose operator cannot be identified is ``?``."""
+        out = []
+        for step in parse_steps(y):
+            try:
+                op = operator_of(step)
+            except UnparsableQDMR:
+                op = "?"
+            out.append(" ".join([op, *re.findall(r"#\d+", step)]))
+        return " ; ".join(out)
 
 
 @register("smcalflow")
@@ -104,6 +125,12 @@ class SMCalFlow(Task):
             rows, self.cfg.eval_size, self.cfg.split_seed, group=lambda r: r.meta["dialogue_id"]
         )
 
+    def skeleton(self, y: str) -> str:
+        """The lispress program's function heads and closing parentheses, without string and number arguments:
+        ``(Yield (Event.attendees (FindEvent ... )))``."""
+        y = re.sub(r'"(?:[^"\\]|\\.)*"', " ", y)  # string literals (which may hold parentheses)
+        return " ".join(re.findall(r"\(\s*[^\s()]+|\)", y))
+
 
 @register("demo")
 class Demo(Task):
@@ -117,6 +144,9 @@ class Demo(Task):
     def raw_splits(self):
         root = Path(self.cfg.data_dir) if self.cfg.data_dir else DEMO_DIR
         return (self.rows_from_file(root / "demo.pool.jsonl"), self.rows_from_file(root / "demo.eval.jsonl"))
+
+    def skeleton(self, y: str) -> str:
+        return bracket_skeleton(y)
 
 
 @register("jsonl")

@@ -317,3 +317,40 @@ def test_hub_revision_reaches_the_hub_and_unpinned_reads_warn(monkeypatch, caplo
     assert seen == ["abc123", "abc123"] and "unpinned" not in caplog.text
     get_task(DataConfig(task="mtop")).load()
     assert seen[2:] == [None, None] and "data.hub_revision=<commit>" in caplog.text
+
+
+@pytest.mark.parametrize(
+    "task,same,different",
+    [
+        (
+            "mtop",
+            ("[IN:GET_WEATHER [SL:LOCATION paris ] ]", "[IN:GET_WEATHER [SL:LOCATION new york city ] ]"),
+            "[IN:GET_WEATHER [SL:DATE_TIME today ] ]",
+        ),
+        (
+            "break",
+            ("return flights ;return #1 from denver", "return cubes ;return #1 that are  red"),
+            "return flights ;return number of #1",
+        ),
+        (
+            "smcalflow",
+            ('(Yield (Event.subject (?= "dinner")))', '(Yield (Event.subject (?= "lunch (at noon)")))'),
+            '(Yield (Event.start (?= "dinner")))',
+        ),
+    ],
+)
+def test_skeleton_keeps_structure_and_drops_the_filled_in_text(task, same, different):
+    t = get_task(DataConfig(task=task))
+    a, b = (t.skeleton(y) for y in same)
+    assert a == b and a  # the same structure, other content words
+    assert t.skeleton(different) != a  # negative control: another structure
+    assert get_task(DataConfig(task="jsonl", path="x.jsonl")).skeleton(same[0]) is None  # no structure known
+
+
+@pytest.mark.skipif(not (SHARED_DATA / "break").exists(), reason="needs the shared BREAK data")
+def test_break_skeleton_identifies_the_operators_of_real_qdmrs():
+    pool, _ = get_task(DataConfig(task="break", data_dir=str(SHARED_DATA), eval_size=100)).load()
+    t = get_task(DataConfig(task="break"))
+    sks = [t.skeleton(e.output) for e in pool[:500]]
+    assert sum("?" not in s for s in sks) >= 0.95 * len(sks)
+    assert len(set(sks)) >= 50  # it separates structures rather than mapping most to one
