@@ -1,15 +1,20 @@
-"""The names a config may choose from: first-stage retrievers with their RAGSys suffixes, and TruthfulQA variants.
+"""The vocabulary of a config: the names it may choose from (first-stage retrievers with their RAGSys suffixes,
+TruthfulQA variants) and :func:`opt`, how every section declares a field.
 
-Plain tuples and one parser, no imports beyond the types: loading a config imports neither numpy nor ragsys.
+Plain tuples, one parser and the field helpers, no imports beyond the types: loading a config imports neither numpy
+nor ragsys.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from dataclasses import field
+from typing import Any, NamedTuple
 
 from epr.types import ConfigError
 
 __all__ = [
+    "opt",
+    "section_field",
     "RETRIEVERS",
     "DENSE",
     "RAGSYS_SUFFIXES",
@@ -49,3 +54,21 @@ def parse_retriever_name(name: str) -> RetrieverName:
 TQA_VARIANTS = ("fix", "bias", "rel", "rel+bias", "rel+div", "rel+div+bias")
 # the learned relevance (epr.truthfulqa.learned): rel / rel+div on a dual encoder trained on the scoring LM's labels
 TQA_LEARNED_VARIANTS = ("epr", "epr+div")
+
+
+def opt(default: Any, help: str, choices: tuple | None = None) -> Any:
+    """A config field: ``default``, its one-line ``help`` and, for a finite set of valid values, ``choices`` (for
+    a tuple field: the values each element may take). The loader rejects a value outside ``choices``."""
+    if isinstance(default, (list, dict, set)):
+        raise TypeError("config defaults must be immutable (a tuple, not a list)")
+    if choices is not None and not all(
+        x in choices for x in (default if isinstance(default, tuple) else (default,))
+    ):
+        raise TypeError(f"default {default!r} is not among its choices {choices}")
+    meta = {"help": help} if choices is None else {"help": help, "choices": tuple(choices)}
+    return field(default=default, metadata=meta)
+
+
+def section_field(cls: type) -> Any:
+    """A section of :class:`ExperimentConfig`; its help is the first line of the section's docstring."""
+    return field(default_factory=cls, metadata={"help": (cls.__doc__ or "").strip().splitlines()[0]})

@@ -8,18 +8,21 @@ a finite set, its choices. That metadata is what the loader checks (``epr.config
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from epr.config_names import (  # the names a config may choose from (retrievers, TruthfulQA variants)
+from epr.config_names import (  # the names a config may choose from (retrievers, TruthfulQA variants), opt
     DENSE,
     RETRIEVERS,
     TQA_LEARNED_VARIANTS,
     TQA_VARIANTS,
     RetrieverName,
+    opt,
     parse_retriever_name,
+    section_field,
 )
+from epr.config_server import ServerConfig
 from epr.types import ConfigError
 
 __all__ = [
@@ -46,24 +49,6 @@ __all__ = [
     "TQA_VARIANTS",
     "TQA_LEARNED_VARIANTS",
 ]
-
-
-def opt(default: Any, help: str, choices: tuple | None = None) -> Any:
-    """A config field: ``default``, its one-line ``help`` and, for a finite set of valid values, ``choices`` (for
-    a tuple field: the values each element may take). The loader rejects a value outside ``choices``."""
-    if isinstance(default, (list, dict, set)):
-        raise TypeError("config defaults must be immutable (a tuple, not a list)")
-    if choices is not None and not all(
-        x in choices for x in (default if isinstance(default, tuple) else (default,))
-    ):
-        raise TypeError(f"default {default!r} is not among its choices {choices}")
-    meta = {"help": help} if choices is None else {"help": help, "choices": tuple(choices)}
-    return field(default=default, metadata=meta)
-
-
-def section_field(cls: type) -> Any:
-    """A section of :class:`ExperimentConfig`; its help is the first line of the section's docstring."""
-    return field(default_factory=cls, metadata={"help": (cls.__doc__ or "").strip().splitlines()[0]})
 
 
 @dataclass(frozen=True)
@@ -327,43 +312,6 @@ class TruthfulQAConfig:
         for name, least in (("chunk_size", 1), ("label_candidates", 2), ("folds", 2)):
             if getattr(self, name) < least:
                 raise ConfigError(f"config truthfulqa.{name}={getattr(self, name)} must be >= {least}")
-
-
-@dataclass(frozen=True)
-class ServerConfig:
-    """An LM behind an OpenAI-compatible server (vLLM, llama.cpp, a provider's API: ``epr/lm/served.py``). With
-    ``base_url`` set, scoring, the quality bias, TruthfulQA and generation go to the server; the local tokenizer of
-    ``models.lm`` / ``models.inference_lm`` (or ``tokenizer``) turns texts into the token ids that are sent, so the
-    scored tokens are exactly those of the in-process scorer."""
-
-    base_url: str | None = opt(None, "e.g. http://localhost:8000/v1; null: the LM runs in-process")
-    model: str | None = opt(None, "the served scoring LM's name; null: the only model the server lists")
-    inference_model: str | None = opt(None, "the served inference LM; null: server.model")
-    tokenizer: str | None = opt(
-        None, "local tokenizer matching the served model; null: models.lm's (inference_lm's)"
-    )
-    api_key_env: str = opt(
-        "OPENAI_API_KEY", "the environment variable that holds the API key (unset: no key sent)"
-    )
-    concurrency: int = opt(4, "requests in flight at once (>= 1)")
-    max_retries: int = opt(
-        5, "per request, on 429 / 5xx / a refused or dropped connection, with exponential backoff (>= 0)"
-    )
-    backoff_s: float = opt(
-        1.0, "first retry's wait in seconds; doubles each retry (a Retry-After header wins)"
-    )
-    timeout_s: float = opt(300.0, "per request, in seconds (> 0)")
-    max_length: int | None = opt(
-        None, "the served context window in tokens; null: the server's, else the model config's"
-    )
-
-    def __post_init__(self):
-        if self.concurrency < 1 or self.max_retries < 0 or self.backoff_s < 0 or self.timeout_s <= 0:
-            raise ConfigError(
-                "config server: concurrency must be >= 1, max_retries >= 0, backoff_s >= 0, timeout_s > 0"
-            )
-        if self.base_url is not None and not self.base_url.startswith(("http://", "https://")):
-            raise ConfigError(f"config server.base_url={self.base_url!r}: expected http(s)://host:port/v1")
 
 
 @dataclass(frozen=True)
