@@ -25,7 +25,8 @@ __all__ = [
 ]
 
 # First-stage retrievers; a dense one (DENSE) may carry the RAGSys suffixes +div / +div+bias (checked at load).
-RETRIEVERS = ("random", "bm25", "sbert", "epr", "dr-bm25", "bm25-oracle", "lm-oracle")
+# hybrid: reciprocal-rank fusion of epr (the trained dual encoder) and bm25
+RETRIEVERS = ("random", "bm25", "sbert", "epr", "dr-bm25", "bm25-oracle", "lm-oracle", "hybrid")
 DENSE = ("sbert", "epr", "dr-bm25")
 RAGSYS_SUFFIXES = ("div", "bias")
 

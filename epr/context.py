@@ -80,8 +80,9 @@ class Context:
         return Context(sub)  # one process: the sub-run is a step of the main process's stage
 
     def encoder_dir(self, retriever: str) -> Path | None:
-        """The trained dual encoder a retriever uses: this run's (``epr``), the DR-BM25 sub-run's, or none."""
-        if retriever == "epr":
+        """The trained dual encoder a retriever uses: this run's (``epr``, ``hybrid``), the DR-BM25 sub-run's, or
+        none."""
+        if retriever in ("epr", "hybrid"):
             return self.stage_dir("encoder") / "model"
         if retriever == "dr-bm25":
             return self.sub_run("dr-bm25").stage_dir("encoder") / "model"

@@ -78,7 +78,11 @@ def _candidates_keys(ctx: Context) -> dict:
 
 def _retrieve_deps(ctx: Context) -> tuple[str, ...]:
     firsts = {parse_retriever_name(n).base for n in ctx.cfg.retrieve.retrievers}
-    return ("examples",) + tuple(d for d, r in (("encoder", "epr"), ("dr-bm25", "dr-bm25")) if r in firsts)
+    uses = (
+        ("encoder", ("epr", "hybrid")),
+        ("dr-bm25", ("dr-bm25",)),
+    )  # the runs a first stage's encoder is from
+    return ("examples",) + tuple(d for d, rs in uses if firsts & set(rs))
 
 
 def _retrieve_keys(ctx: Context) -> dict:

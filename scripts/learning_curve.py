@@ -184,6 +184,12 @@ def main(argv: list[str] | None = None) -> int:
         help="training seeds (train.seed) of every learned row; >1: pooled rows",
     )
     ap.add_argument(
+        "--learned",
+        default="epr",
+        help="the rows measured with each trained encoder: epr (the dual encoder alone), hybrid (fused with BM25 "
+        "by reciprocal rank); exact match is run for epr",
+    )
+    ap.add_argument(
         "--import-scores",
         action="append",
         default=[],
@@ -203,6 +209,9 @@ def main(argv: list[str] | None = None) -> int:
     sizes = sorted(int(s) for s in a.sizes.split(","))
     seeds = [int(s) for s in a.seeds.split(",") if s]
     losses = [s for s in a.losses.split(",") if s]
+    learned = [s for s in a.learned.split(",") if s]
+    if not set(learned) <= {"epr", "hybrid"}:
+        ap.error(f"--learned {a.learned}: expected epr and/or hybrid")
     out = Path(a.out)
     rows_dir = out / "rows"
     t0 = time.time()
@@ -266,8 +275,10 @@ def main(argv: list[str] | None = None) -> int:
                 log.info("trained %d-%s seed %d (%.0f s)", n, loss, seed, time.time() - t)
                 runs[(n, loss, seed)] = c
                 fp = pipeline.stage_fingerprint(c, "encoder")
-                add("epr", loss, n, c, seeded(f"epr@{n}-{loss}", seed), fp, seed)
-            add_pooled(rows, n, loss, seeds)
+                for r in learned:
+                    add(r, loss, n, c, seeded(f"{r}@{n}-{loss}", seed), fp, seed)
+            for r in learned:
+                add_pooled(rows, n, loss, seeds, r)
             write_curve(out, rows, a, t0)
 
     # 4. exact match for the rows that decide the bar

@@ -59,6 +59,13 @@ def test_pooled_rows_em_tests_gap_and_row_shape(curve, tmp_path):
     np.testing.assert_allclose(pooled_row["per_query_logprob"], np.mean(seed_lp, axis=0))
     # a missing seed: no pooled row
     assert curve.add_pooled(rows[:4], 100, "distill", seeds) is None and len(rows) == 7
+    # another learned retriever's seeds of the same point pool on their own, never mixed with epr's
+    hyb = [bm25 + 1.0 + rng.normal(0, 0.1, n) for _ in seeds]
+    rows += [_row(curve.seeded("hybrid@100-distill", s), "distill", 100, lp, s) for s, lp in zip(seeds, hyb)]
+    curve.add_pooled(rows, 100, "distill", seeds, "hybrid")
+    assert rows[-1]["name"] == "hybrid@100-distill-pooled" and rows[-1]["retriever"] == "hybrid"
+    np.testing.assert_allclose(rows[-1]["per_query_logprob"], np.mean(hyb, axis=0))
+    del rows[-4:]
 
     idx = list(range(n))
     ref = {"idx": idx, "correct": [i % 4 == 0 for i in idx], "prediction": ["x"] * n}

@@ -77,10 +77,15 @@ def paired_p(e: dict, ref: dict, k: int = 1, metric: str = "correct") -> float:
     return mcnemar_exact(int(np.sum(mean > r)), int(np.sum(mean < r)))
 
 
-def add_pooled(rows: list[dict], n: int, loss: str, seeds: list[int]) -> None:
-    """A row pooling the seeds of one curve point: mean and spread of the seeds' gold log-probs; per example the
-    mean over seeds (the paired tests compare that with a reference on the same examples)."""
-    mine = [r for r in rows if r["loss"] == loss and r["labels"] == n and r["seeds"] == 1]
+def add_pooled(rows: list[dict], n: int, loss: str, seeds: list[int], retriever: str = "epr") -> None:
+    """A row pooling the seeds of one curve point of one learned retriever (``epr``, ``hybrid``): mean and spread
+    of the seeds' gold log-probs; per example the mean over seeds (the paired tests compare that with a reference on
+    the same examples)."""
+    mine = [
+        r
+        for r in rows
+        if r["loss"] == loss and r["labels"] == n and r["seeds"] == 1 and r["retriever"] == retriever
+    ]
     if len(seeds) < 2 or len(mine) < len(seeds):
         return
     per = np.array([[np.nan if v is None else v for v in r["per_query_logprob"]] for r in mine], dtype=float)
@@ -88,7 +93,7 @@ def add_pooled(rows: list[dict], n: int, loss: str, seeds: list[int]) -> None:
     rows.append(
         {
             **{k: mine[0][k] for k in ("retriever", "loss", "labels", "split", "n")},
-            "name": f"epr@{n}-{loss}-pooled",
+            "name": f"{retriever}@{n}-{loss}-pooled",
             "seed": None,
             "seeds": len(mine),
             "gold_logprob": float(np.mean(means)),

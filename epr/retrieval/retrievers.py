@@ -2,7 +2,8 @@
 
 Unsupervised: ``random``, ``bm25`` (over inputs), ``sbert`` (frozen encoder, cosine; KATE).
 Learned: ``epr`` (trained dual encoder, inner product over a faiss index); ``dr-bm25`` is the same class
-pointed at an encoder trained on BM25 labels (the pipeline's ``dr-bm25`` sub-run trains it). Every ``retrieve``
+pointed at an encoder trained on BM25 labels (the pipeline's ``dr-bm25`` sub-run trains it); ``hybrid`` fuses the
+``epr`` and ``bm25`` rankings by reciprocal rank (:class:`FusionRetriever`). Every ``retrieve``
 returns :class:`epr.types.Hits` (ids and the retriever's scores). Oracles (they see the gold output; never a fair
 baseline):
 ``bm25-oracle`` (BM25 over outputs with the gold y) and ``lm-oracle`` (those candidates re-ranked by the scoring LM's
@@ -29,6 +30,9 @@ __all__ = [
     "BM25Retriever",
     "DenseRetriever",
     "LMOracleRetriever",
+    "FusionRetriever",
+    "rrf_fuse",
+    "RRF_K",
     "make_retriever",
     "ORACLES",
     "KNOWN",
@@ -105,6 +109,42 @@ class DenseRetriever:
     def retrieve(self, queries, k, exclude=None):
         ids, sc = search(self.index, self.query_embeddings(queries), k + (exclude is not None))
         return _drop_excluded(ids, sc, exclude, k)
+
+
+RRF_K = 60  # Cormack, Clarke & Buettcher (SIGIR 2009): the constant they fixed for every collection; not tuned here
+
+
+def rrf_fuse(rankings: Sequence[np.ndarray], k: int, c: int = RRF_K) -> tuple[np.ndarray, np.ndarray]:
+    """Reciprocal-rank fusion of one query's rankings (arrays of pool ids, best first): each id scores
+    ``sum over rankings of 1 / (c + rank)`` (rank from 1; absent from a ranking: no term). Returns the ``k`` best
+    ids and their fused scores; ties go to the id ranked best in the earliest ranking (deterministic)."""
+    score: dict[int, float] = {}
+    first: dict[int, tuple[int, int]] = {}
+    for r_i, ranking in enumerate(rankings):
+        for pos, i in enumerate(int(x) for x in ranking):
+            score[i] = score.get(i, 0.0) + 1.0 / (c + pos + 1)
+            first.setdefault(i, (r_i, pos))
+    order = sorted(score, key=lambda i: (-score[i], first[i]))[:k]
+    return np.array(order, dtype=np.int64), np.array([score[i] for i in order], dtype=np.float64)
+
+
+class FusionRetriever:
+    """Several first stages fused by reciprocal rank (:func:`rrf_fuse`): each retrieves its top ``k`` and the fused
+    top ``k`` is returned. ``hybrid`` is the trained dual encoder with BM25: the dense ranking carries what the LM's
+    labels taught, BM25 the exact lexical matches (near-duplicate inputs) a dense encoder can rank lower."""
+
+    is_oracle = False
+
+    def __init__(self, name: str, parts: Sequence):
+        self.name, self.parts = name, list(parts)
+
+    def retrieve(self, queries, k, exclude=None):
+        hits = [p.retrieve(queries, k, exclude) for p in self.parts]
+        n = min(h.ids.shape[1] for h in hits)  # every part's k (the pool may be smaller than k)
+        ids, sc = np.empty((len(queries), n), dtype=np.int64), np.empty((len(queries), n), dtype=np.float64)
+        for q in range(len(queries)):
+            ids[q], sc[q] = rrf_fuse([h.ids[q] for h in hits], n)
+        return Hits(ids, sc)
 
 
 class LMOracleRetriever:
@@ -196,8 +236,14 @@ def make_retriever(
         if encoder is None or not Path(encoder).exists():
             raise FileNotFoundError(f"retriever {name}: no trained encoder at {encoder}; run training first")
         de = loaded.setdefault(str(encoder), DualEncoder.from_pretrained(str(encoder)))
-        pool_emb = de.encode([demo_text(task, e) for e in pool], "prompt", progress=True)
+        key = (str(encoder), "pool", id(pool))  # epr and hybrid in one run encode the pool once
+        if key not in loaded:
+            loaded[key] = de.encode([demo_text(task, e) for e in pool], "prompt", progress=True)
+        pool_emb = loaded[key]
         return DenseRetriever(
             name, pool_emb, lambda texts: de.encode(list(texts), "query"), cfg.retrieve.index_factory
         )
+    if name == "hybrid":
+        parts = [make_retriever(n, pool, task, cfg, encoder, loaded) for n in ("epr", "bm25")]
+        return FusionRetriever("hybrid", parts)
     raise ValueError(f"unknown retriever {name!r}; known: {', '.join(KNOWN)}")

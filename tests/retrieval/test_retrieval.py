@@ -5,7 +5,7 @@ from epr.config import DataConfig, load_config
 from epr.reports.stats import mean_ci
 from epr.retrieval.index import brute_force, build_index, search
 from epr.retrieval.prompt_budget import build_prompt
-from epr.retrieval.retrievers import KNOWN, make_retriever
+from epr.retrieval.retrievers import KNOWN, RRF_K, make_retriever, rrf_fuse
 from epr.tasks import get_task
 from epr.types import Hits, Retriever
 
@@ -45,7 +45,7 @@ def demo():
     return task, pool[:120], ev[:10]
 
 
-NAMES = ("random", "bm25", "sbert", "epr", "dr-bm25", "bm25-oracle", "lm-oracle")
+NAMES = ("random", "bm25", "sbert", "epr", "dr-bm25", "bm25-oracle", "lm-oracle", "hybrid")
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +58,8 @@ def all_retrievers(demo, tmp_path_factory, minilm_dir, tiny_lm_dir):
     cfg = load_config([], [f"models.encoder={minilm_dir}", f"models.lm={tiny_lm_dir}", "candidates.L=12"])
     loaded: dict = {}
     return {
-        n: make_retriever(n, pool, task, cfg, enc if n in ("epr", "dr-bm25") else None, loaded) for n in NAMES
+        n: make_retriever(n, pool, task, cfg, enc if n in ("epr", "dr-bm25", "hybrid") else None, loaded)
+        for n in NAMES
     }
 
 
@@ -85,6 +86,35 @@ def test_retriever_contract(demo, all_retrievers, name):
     np.testing.assert_allclose(h.scores, again.scores, rtol=1e-6)
     # without exclusion the query may come back; k is honoured
     assert r.retrieve(queries[:3], 5).ids.shape == (3, 5)
+
+
+def test_rrf_fuse_by_hand():
+    c = RRF_K
+    ids, sc = rrf_fuse([np.array([1, 2, 3]), np.array([3, 1, 4])], 4)
+    # 1: 1/(c+1) + 1/(c+2); 3: 1/(c+3) + 1/(c+1); 2: 1/(c+2); 4: 1/(c+3)
+    assert ids.tolist() == [1, 3, 2, 4]
+    np.testing.assert_allclose(
+        sc, [1 / (c + 1) + 1 / (c + 2), 1 / (c + 3) + 1 / (c + 1), 1 / (c + 2), 1 / (c + 3)]
+    )
+    # a tie goes to the id the earliest ranking put first (either order of the rankings)
+    assert rrf_fuse([np.array([1, 2]), np.array([2, 1])], 2)[0].tolist() == [1, 2]
+    assert rrf_fuse([np.array([2, 1]), np.array([1, 2])], 2)[0].tolist() == [2, 1]
+    assert rrf_fuse([np.array([5, 6, 7])], 2)[0].tolist() == [5, 6]  # one ranking: itself
+
+
+def test_hybrid_is_the_rrf_of_epr_and_bm25(demo, all_retrievers):
+    """Value for value against its parts: the fused ranking of the epr and bm25 hits of the same queries; and it
+    differs from both (a fusion that returned one part would pass the contract test)."""
+    _, pool, _ = demo
+    queries = pool[:15]
+    exclude = np.array([q.idx for q in queries])
+    h = all_retrievers["hybrid"].retrieve(queries, 8, exclude=exclude)
+    e = all_retrievers["epr"].retrieve(queries, 8, exclude=exclude)
+    b = all_retrievers["bm25"].retrieve(queries, 8, exclude=exclude)
+    for i in range(len(queries)):
+        want, _ = rrf_fuse([e.ids[i], b.ids[i]], 8)
+        assert h.ids[i].tolist() == want.tolist()
+    assert not np.array_equal(h.ids, e.ids) and not np.array_equal(h.ids, b.ids)
 
 
 def test_lm_oracle_reorders_bm25_oracle_candidates_by_lm_score(demo, all_retrievers):

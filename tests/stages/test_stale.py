@@ -234,3 +234,17 @@ def test_curve_row_key_sees_what_the_row_depends_on(curve, tmp_path, retriever, 
 
     assert key() == key()  # negative control
     assert key(change) != key()
+
+
+@pytest.mark.parametrize(
+    "retrievers,deps",
+    [
+        ("[bm25,sbert]", ("examples",)),
+        ("[epr]", ("examples", "encoder")),
+        ("[hybrid]", ("examples", "encoder")),  # the fusion uses this run's trained encoder
+        ("[bm25,dr-bm25+div]", ("examples", "dr-bm25")),
+    ],
+)
+def test_retrieve_needs_the_encoders_its_retrievers_use(retrievers, deps, tmp_path):
+    cfg = load_config([], [f"run_root={tmp_path}", f"retrieve.retrievers={retrievers}"])
+    assert pipeline.STAGES["retrieve"].deps(Context(cfg)) == deps
