@@ -13,7 +13,9 @@ Every step is resumable (stages, the run root's score cache, per-row files): rer
 2. For each size x loss: train (``runs/<name>/<size>-<loss>/``, ``name`` from the config), then the dense metric on the evaluation examples:
    the gold answer's log-probability under the inference LM given the retrieved demonstrations (one forward pass
    per example; RAGSys's way of judging a retriever) and its DPO form against the empty context.
-3. Reference rows, with the same metric: BM25, SBERT, the untrained dual encoder, BM25-Oracle, LM-Oracle.
+3. Reference rows, with the same metric: BM25, SBERT, the untrained dual encoder, BM25-Oracle, LM-Oracle; on
+   request (``--refs ...,untrained-hybrid``) the untrained dual encoder fused with BM25 as ``hybrid`` fuses the
+   trained one: the control that says whether a ``hybrid`` row's gain comes from the labels or from the fusion.
 4. Exact match (generation) for the rows that decide the bar (``--em``: the references and the largest size of
    each loss, by default), with paired exact McNemar tests against BM25 and SBERT on the same examples.
 
@@ -57,6 +59,7 @@ LOSS_SETTINGS = {  # the similarity each loss is trained with (EPR: the paper's 
     "distill": ["train.loss=distill", "train.similarity=cosine"],
 }
 REFERENCES = ("bm25", "sbert", "untrained", "bm25-oracle", "lm-oracle")
+UNTRAINED = {"untrained": "epr", "untrained-hybrid": "hybrid"}  # reference rows of the untrained dual encoder
 
 
 SPLIT_SETTINGS = {  # dev: the seeded evaluation subset every choice is made on; locked: the rest, once at the end
@@ -260,9 +263,9 @@ def main(argv: list[str] | None = None) -> int:
     untrained = ctx_for(a, f"{a.name}/untrained", top, "train.epochs=0", *LOSS_SETTINGS["distill"])
     pipeline.run(untrained, until="encoder")
     for r in [r for r in a.refs.split(",") if r]:
-        c = untrained if r == "untrained" else ref_ctx
-        fp = pipeline.stage_fingerprint(c, "encoder" if r == "untrained" else "labels")
-        add("epr" if r == "untrained" else r, None, None, c, r, fp)
+        c = untrained if r in UNTRAINED else ref_ctx
+        fp = pipeline.stage_fingerprint(c, "encoder" if r in UNTRAINED else "labels")
+        add(UNTRAINED.get(r, r), None, None, c, r, fp)
 
     # 3. the curve: train each (size, loss), dense metric
     runs: dict[tuple[int, str], Context] = {}
@@ -285,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     em: dict[str, dict] = {}
     refs = [r for r in a.refs_em.split(",") if r]
     if a.em != "none":
-        plain = [r for r in refs if r != "untrained"]
+        plain = [r for r in refs if r not in UNTRAINED]
         ref_em = ctx_for(a, f"{a.name}/ref", top, f"retrieve.retrievers=[{','.join(plain)}]")
         em |= em_rows(ref_em, plain)
         if "untrained" in refs:
