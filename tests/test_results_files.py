@@ -22,7 +22,7 @@ KEYS = ("retriever", "loss", "labels", "split", "seeds", "n", "em", "p_vs_bm25",
 def _name(r: dict) -> str:
     if r["loss"] is None:
         return r["retriever"]
-    base = f"epr@{r['labels']}-{r['loss']}"
+    base = f"{r['retriever']}@{r['labels']}-{r['loss']}"  # epr, hybrid
     return f"{base}-pooled" if r["seeds"] > 1 else curve.seeded(base, r["seed"])
 
 
