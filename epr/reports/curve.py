@@ -290,17 +290,23 @@ def plot_curve(out: Path, rows: list[dict]) -> None:
         refs = [r for r in rows if r["loss"] is None and r[key] is not None]
         for i, r in enumerate(refs):
             ax.axhline(r[key], ls="--", lw=1, color=f"C{i + 3}", label=r["retriever"])
-        for j, loss in enumerate(sorted({r["loss"] for r in rows if r["loss"]})):
+        lines = sorted({(r["retriever"], r["loss"]) for r in rows if r["loss"]})  # (epr | hybrid, loss)
+        for j, (retriever, loss) in enumerate(lines):
             best = {}  # per point: the pooled row where seeds were pooled, else the base seed's
             for r in rows:
-                if r["loss"] == loss and r[key] is not None and (r["seeds"] > 1 or r["seed"] == BASE_SEED):
+                mine = r["retriever"] == retriever and r["loss"] == loss and r[key] is not None
+                if mine and (r["seeds"] > 1 or r["seed"] == BASE_SEED):
                     if r["labels"] not in best or r["seeds"] > best[r["labels"]]["seeds"]:
                         best[r["labels"]] = r
             pts = sorted((n, r[key]) for n, r in best.items())
             if pts:
-                ax.plot(*zip(*pts), "o-", color=f"C{j}", label=f"EPR ({loss})")
+                name = "EPR" if retriever == "epr" else f"{retriever} (EPR + BM25)"
+                ax.plot(*zip(*pts), "o-", color=f"C{j}", label=f"{name} ({loss})")
         ax.set(xscale="log", xlabel="LM-labelled training examples", ylabel=label)
-        ax.legend(fontsize=7)
+        if ax.has_data():
+            ax.legend(fontsize=7)
+        else:  # e.g. exact match where it was not run (--em none)
+            ax.text(0.5, 0.5, "not measured", ha="center", va="center", transform=ax.transAxes)
     axes[0].set_title("dense metric, every point")
     axes[1].set_title("exact match, deciding rows")
     fig.tight_layout()
