@@ -235,11 +235,13 @@ def make_retriever(
 
         if encoder is None or not Path(encoder).exists():
             raise FileNotFoundError(f"retriever {name}: no trained encoder at {encoder}; run training first")
-        de = loaded.setdefault(str(encoder), DualEncoder.from_pretrained(str(encoder)))
-        key = (str(encoder), "pool", id(pool))  # epr and hybrid in one run encode the pool once
-        if key not in loaded:
-            loaded[key] = de.encode([demo_text(task, e) for e in pool], "prompt", progress=True)
-        pool_emb = loaded[key]
+        if str(encoder) not in loaded:  # (loaded once: setdefault would load it on every call)
+            loaded[str(encoder)] = DualEncoder.from_pretrained(str(encoder))
+        de = loaded[str(encoder)]
+        key = (str(encoder), "pool")  # epr and hybrid in one run encode the pool once
+        if key not in loaded or loaded[key][0] is not pool:  # the pool object kept beside its embeddings
+            loaded[key] = (pool, de.encode([demo_text(task, e) for e in pool], "prompt", progress=True))
+        pool_emb = loaded[key][1]
         return DenseRetriever(
             name, pool_emb, lambda texts: de.encode(list(texts), "query"), cfg.retrieve.index_factory
         )
