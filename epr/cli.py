@@ -1,4 +1,5 @@
-"""``epr``: one subcommand per stage, plus ``run`` (what is stale) and ``status``.
+"""``epr``: one subcommand per stage, ``run`` (what is stale) and ``status``, and ``inspect``, ``export``, ``demo``,
+``config``, ``cache``, ``truthfulqa``, ``serve``.
 
 Examples::
 

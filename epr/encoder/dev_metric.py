@@ -1,4 +1,5 @@
-"""The training's dev metric, the choice of the epoch to keep, and the learning-curve plot."""
+"""The training's dev metric, the choice of the epoch to keep, and the per-epoch training-curve plot
+(``training_curve.png``)."""
 
 from __future__ import annotations
 

@@ -1,2 +1,2 @@
 """Adapters to the stacks practitioners already use (optional extras): ``epr.integrations.langchain``
-(``pip install "epr[langchain]"``)."""
+(``pip install "epr[langchain]"``) and ``epr.integrations.dspy`` (``pip install "epr[dspy]"``)."""

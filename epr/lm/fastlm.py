@@ -1,4 +1,5 @@
-"""A lean inference forward for Llama-architecture LMs (SmolLM2 and kin), used by the scorer.
+"""A lean inference forward for Llama-architecture LMs (SmolLM2 and kin), used by the scorer and the
+lean decoder.
 
 The Hugging Face forward is written for every use (training, caches, masks, tensor parallelism); for scoring we need
 one thing: the final hidden states of right-padded sequences under a causal mask. On a 2-core CPU most of the HF

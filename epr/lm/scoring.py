@@ -1,4 +1,5 @@
-"""Log-probability of target tokens after a context, batched for throughput.
+"""Log-probability of target tokens after a context, batched for throughput, and the one shared-prefix engine
+(``score_prefixed``).
 
 ``LMScorer.score(contexts, targets)`` returns ``sum_t log p(target_t | context, target_<t)`` for each pair.
 Pairs are tokenised separately (context with the tokenizer's special tokens, target without), sorted by

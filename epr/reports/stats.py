@@ -1,4 +1,4 @@
-"""Scores and intervals for comparison tables (pure functions)."""
+"""Eval subsets (seeded, dev / locked), intervals, McNemar and paired rows for comparison tables (pure functions)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-__all__ = ["mean_ci", "mcnemar_exact", "paired_rows", "seeded_subset", "PAPER"]
+__all__ = ["mean_ci", "mcnemar_exact", "paired_rows", "seeded_subset", "eval_part", "PAPER"]
 
 # SPEC 2.8: GPT-Neo 2.7B, dev sets (EM; LF-EM for BREAK)
 PAPER = {

@@ -1,4 +1,5 @@
-"""Semantic-parsing tasks: MTOP, BREAK (QDMR), SMCalFlow, the packaged demo set, and your own JSONL/CSV."""
+"""Semantic-parsing tasks: MTOP, BREAK (QDMR), SMCalFlow, the packaged demo set, your own JSONL/CSV,
+and TruthfulQA as (question, answer) pairs."""
 
 from __future__ import annotations
 
