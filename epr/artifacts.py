@@ -179,11 +179,43 @@ def read_jsonl(path: str | Path, required: Iterable[str] = ()) -> Iterator[dict[
         yield row
 
 
-def read_jsonl_lines(path: str | Path, required: Iterable[str] = ()) -> Iterator[tuple[str, dict[str, Any]]]:
+class _RepeatedKey(ValueError):
+    pass
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``json.loads``' object hook: an object naming a key twice is an error (plain ``json`` keeps the last value
+    and drops the first without a word)."""
+    d = dict(pairs)
+    if len(d) != len(pairs):
+        seen: set[str] = set()
+        raise _RepeatedKey(sorted({k for k, _ in pairs if k in seen or seen.add(k)}))
+    return d
+
+
+def read_jsonl_lines(
+    path: str | Path, required: Iterable[str] = (), numbers_as_written: bool = False
+) -> Iterator[tuple[str, dict[str, Any]]]:
     """:func:`read_jsonl` with where each object is, for messages: ``'<path>:<line>'`` (1-based), or
-    ``'<path>: array element <i>'`` in a JSON array file."""
+    ``'<path>: array element <i>'`` in a JSON array file.
+
+    An object that names a key twice raises ``InputError`` (which value is meant would be a guess).
+    ``numbers_as_written``: a non-integer number is kept as the text the file holds (``3.50``, ``1E3``), not
+    rewritten through a float (``3.5``, ``1000.0``, lost digits): how users' data rows are read."""
     path = Path(path)
     required = tuple(required)
+    kw: dict[str, Any] = {"object_pairs_hook": _unique_keys}
+    if numbers_as_written:
+        kw["parse_float"] = str
+
+    def loads(text: str, where: str) -> Any:
+        try:
+            return json.loads(text, **kw)
+        except _RepeatedKey as e:
+            raise InputError(
+                f"{where}: an object names the key(s) {e.args[0]} more than once; JSON keeps only the last "
+                "value, so which one is meant would be a guess: remove or rename the extra ones"
+            ) from None
 
     def check(row: Any, where: str) -> dict[str, Any]:
         if not isinstance(row, dict):
@@ -201,7 +233,7 @@ def read_jsonl_lines(path: str | Path, required: Iterable[str] = ()) -> Iterator
             if first and line.lstrip().startswith("["):  # a JSON array file, not JSON Lines: read it whole
                 rest = line + "".join(f)
                 try:
-                    rows = json.loads(rest)
+                    rows = loads(rest, f"{path} (a JSON array)")
                 except json.JSONDecodeError as e:
                     raise InputError(
                         f"{path}:{lineno - 1 + e.lineno}: the file starts like a JSON array but is not valid JSON "
@@ -217,7 +249,7 @@ def read_jsonl_lines(path: str | Path, required: Iterable[str] = ()) -> Iterator
                 return
             first = False
             try:
-                row = json.loads(line)
+                row = loads(line, f"{path}:{lineno}")
             except json.JSONDecodeError as e:
                 raise InputError(f"{path}:{lineno}: malformed JSON ({e.msg} at column {e.colno})") from None
             where = f"{path}:{lineno}"

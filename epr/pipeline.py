@@ -64,6 +64,11 @@ def _examples_keys(ctx: Context) -> dict:
     files += [str(f) for f in ctx.task.data_files() if Path(f) not in {Path(p) for p in files}]
     if files:
         keys["files"] = {p: cached_digest(p) for p in files}
+    if ctx.cfg.data.task == "jsonl" and any(
+        not Path(p).name.lower().removesuffix(".gz").endswith((".csv", ".tsv")) for p in files
+    ):
+        # JSON numbers have been kept as written ("3.50", not 3.5) since this key: older examples may differ
+        keys["json_numbers"] = "as-written"
     return keys
 
 

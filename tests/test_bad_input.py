@@ -60,7 +60,21 @@ DATA_CASES = {
         (),
         "d.CSV:5: 3 fields, the header has 2",
     ),
-    "csv-header-only": ("d.csv", "input,output\n", (), "d.csv: no rows"),
+    "csv-header-only": ("d.csv", "input,output\n", (), "d.csv: a header line and no rows"),
+    "csv-stray-quote": (  # the record that opens the quote is named, not the end of the file it ran to
+        "d.csv",
+        csv_text([*GOOD_CSV[:5], '"wake me, at 7,alarm', *GOOD_CSV[5:]]),
+        (),
+        "d.csv:7: not valid CSV in the record starting here",
+    ),
+    "tsv-tab-in-field": ("d.tsv", "input\toutput\na\tb\tc\n", (), "TSV has no quoting"),
+    "jsonl-repeated-key": (  # plain json keeps the last value and drops the first without a word
+        "d.jsonl",
+        jsonl([*GOOD[:7], '{"input": "first", "output": "A", "input": "second"}', *GOOD[7:]]),
+        (),
+        "d.jsonl:8: an object names the key(s) ['input'] more than once",
+    ),
+    "json-array-repeated-key": ("d.json", '[{"input": "a", "output": "b", "output": "c"}]', (), "d.json"),
     "csv-missing-column": ("d.csv", "question,answer\na,b\n", (), "missing column(s) ['input', 'output']"),
     "jsonl-empty-file": ("d.jsonl", "", (), "d.jsonl: no rows"),
     "jsonl-blank-lines-only": ("d.jsonl", "\n\n  \n", (), "d.jsonl: no rows"),
@@ -119,6 +133,12 @@ DATA_CASES = {
     ),
     "pool-too-small": ("d.jsonl", jsonl(GOOD[:5]), ("data.eval_size=1",), "at least 5 needed"),
     "eval-file-malformed": ("d.jsonl", jsonl(GOOD), ("data.eval_path={tmp}/e.jsonl",), "e.jsonl:1"),
+    "eval-file-all-unusable": (  # an error at the examples stage, not after labelling and training
+        "d.jsonl",
+        jsonl(GOOD),
+        ("data.eval_path={tmp}/e2.jsonl",),
+        "none of the 2 evaluation rows is usable",
+    ),
 }
 
 
@@ -170,6 +190,9 @@ def test_bad_own_data(case, tmp_path, capsys):
     p = tmp_path / name
     (p.write_bytes if isinstance(content, bytes) else p.write_text)(content)
     (tmp_path / "e.jsonl").write_text("{oops\n")
+    (tmp_path / "e2.jsonl").write_text(
+        jsonl([{"input": None, "output": "a"}, {"input": "ok q", "output": ""}])
+    )
     before = snapshot(tmp_path, tmp_path / "runs")
     rc, err = cli(
         capsys, "run", "--until", "examples", *own_sets(tmp_path, p, *(e.format(tmp=tmp_path) for e in extra))
@@ -213,6 +236,58 @@ def test_numbers_and_booleans_are_text(tmp_path, capsys):
     pairs = {(e["input"], e["output"]) for e in got}
     assert ("3 + 2", "5") in pairs and ("2.5", "true") in pairs and ("half of 3", "1.5") in pairs
     assert len(got) == len(rows)
+
+
+def test_json_numbers_kept_as_written(tmp_path, capsys):
+    """A gold answer ``3.50`` stays ``3.50`` (as it would from a CSV), not ``3.5``; big and exponent numbers keep
+    their digits."""
+    rows = [*GOOD, '{"input": "price", "output": 3.50}', '{"input": "exp", "output": 1E3}']
+    rows += [
+        '{"input": "big", "output": 12345678901234567890.0}',
+        '{"input": 7.0, "output": 12345678901234567890}',
+    ]
+    p = tmp_path / "d.jsonl"
+    p.write_text(jsonl(rows))
+    rc, err = cli(capsys, "run", "--until", "examples", *own_sets(tmp_path, p, "data.eval_size=0"))
+    assert rc == 0, err
+    pool = [
+        json.loads(x)
+        for x in (tmp_path / "runs" / "bad" / "examples" / "pool.jsonl").read_text().splitlines()
+    ]
+    got = {e["input"]: e["output"] for e in pool}
+    assert got["price"] == "3.50" and got["exp"] == "1E3" and got["big"] == "12345678901234567890.0"
+    assert got["7.0"] == "12345678901234567890"
+
+
+def test_pool_limit_accounts_for_every_row(tmp_path, capsys):
+    """Rows past ``data.pool_limit`` are counted (and unusable ones skipped with their reason), so kept + skipped +
+    left out = the rows in the file."""
+    rows = [*GOOD[:10], {"input": "x", "output": ""}, *GOOD[10:]]
+    p = tmp_path / "d.jsonl"
+    p.write_text(jsonl(rows))
+    rc, err = cli(
+        capsys, "run", "--until", "examples", *own_sets(tmp_path, p, "data.eval_size=0", "data.pool_limit=6")
+    )
+    assert rc == 0, err
+    m = json.loads((tmp_path / "runs" / "bad" / "examples" / "manifest.json").read_text())
+    load = m["load_report"]
+    assert load["kept"] == 6 and load["skipped"] == 1 and load["beyond_pool_limit"] == len(GOOD) - 6
+    assert load["kept"] + load["skipped"] + load["beyond_pool_limit"] == len(rows)
+
+
+def test_field_text_other_types():
+    """Integers of any kind (numpy's) are digits; bytes and other types are an error naming the row and field,
+    never a TypeError from building the message."""
+    import numpy as np
+
+    from epr.tasks.rows import field_text
+    from epr.types import InputError
+
+    assert field_text(np.int64(3), "f:1", "output") == "3"
+    with pytest.raises(InputError, match="f:1: field 'output' is of type bytes.*decode it to a str"):
+        field_text(b"x", "f:1", "output")
+    with pytest.raises(InputError, match="f:2: field 'input' is of type complex"):
+        field_text(1j, "f:2", "input")
 
 
 def test_csv_quoted_commas_and_newlines_kept_whole(tmp_path, capsys):

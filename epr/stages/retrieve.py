@@ -43,7 +43,11 @@ def run_retrieve(ctx: Context, out: Path, fp: str) -> dict:
     cfg = ctx.cfg
     pool, ev = ctx.examples("pool"), eval_examples(ctx)
     if not ev:
-        raise ValueError(f"retrieve: no evaluation examples in {ctx.stage_dir('examples') / 'eval.jsonl'}")
+        raise ValueError(
+            f"retrieve: no evaluation examples to compare in {ctx.stage_dir('examples') / 'eval.jsonl'} "
+            f"(data.eval_path {cfg.data.eval_path!r}, data.eval_size {cfg.data.eval_size}, data.eval_part "
+            f"{cfg.data.eval_part!r}): give held-out rows with data.eval_path or set data.eval_size"
+        )
     loaded: dict = {}
     produced = []
     for name in first_stages(cfg.retrieve.retrievers):

@@ -64,6 +64,7 @@ class LoadReport:
     reasons: dict[str, int] = field(default_factory=dict)
     repeated_in_pool: int = 0  # pool rows with the input and output of an earlier pool row (kept)
     eval_in_pool: int = 0  # evaluation rows whose input and output are also a pool row (kept; see Task.load)
+    beyond_pool_limit: int = 0  # usable pool rows after the first data.pool_limit ones: not used, by request
     LOG_EACH: ClassVar[int] = 3  # rows logged one by one per reason; the rest are counted in the summary
 
     def skip(self, where: str, why: str) -> None:
@@ -77,7 +78,14 @@ class LoadReport:
     def summary(self) -> str:
         """One line: how many rows were skipped, for which reasons."""
         parts = ", ".join(f"{n} {why}" for why, n in self.reasons.items())
-        return f"kept {self.kept} rows, skipped {len(self.skipped)}" + (f" ({parts})" if parts else "")
+        limit = (
+            f", {self.beyond_pool_limit} pool rows left out by data.pool_limit"
+            if self.beyond_pool_limit
+            else ""
+        )
+        return (
+            f"kept {self.kept} rows, skipped {len(self.skipped)}" + (f" ({parts})" if parts else "") + limit
+        )
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -87,6 +95,7 @@ class LoadReport:
             "skipped_rows": self.skipped[:200],
             "repeated_in_pool": self.repeated_in_pool,
             "eval_in_pool": self.eval_in_pool,
+            "beyond_pool_limit": self.beyond_pool_limit,
         }
 
 
@@ -156,7 +165,13 @@ class Task:
                 f"{self.where()}: the demonstration pool is empty ({self.report.summary()}); every row needs a "
                 f"non-empty {self.cfg.input_field!r} and {self.cfg.output_field!r}"
             )
-        if self.report.skipped:
+        if eval_raw and not ev:
+            raise InputError(
+                f"{self.where()}: none of the {len(eval_raw)} evaluation rows is usable ({self.report.summary()}; "
+                f"e.g. {'; '.join(self.report.skipped[-3:])}); every row needs a non-empty "
+                f"{self.cfg.input_field!r} and {self.cfg.output_field!r}"
+            )
+        if self.report.skipped or self.report.beyond_pool_limit:
             log.warning("task %s: %s", self.name, self.report.summary())
         self._check_repeats(pool, ev)
         return pool, ev
@@ -190,8 +205,16 @@ class Task:
 
     def _finalise(self, rows: Sequence[RawRow], limit: int | None) -> list[Example]:
         out: list[Example] = []
-        for r in rows:
+        for i, r in enumerate(rows):
             if limit is not None and len(out) >= limit:
+                # the rows past the limit are not used, but every one is accounted for: skipped (unusable,
+                # with its reason) or counted as left out by the limit
+                for x in rows[i:]:
+                    why = self.unusable(x.input, x.output)
+                    if why:
+                        self.report.skip(x.where, why)
+                    else:
+                        self.report.beyond_pool_limit += 1
                 break
             why = self.unusable(r.input, r.output)
             if why:

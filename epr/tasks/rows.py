@@ -27,6 +27,7 @@ def read_table(path: str | Path, input_field: str, output_field: str) -> Iterabl
     path = Path(path)
     name = path.name.lower().removesuffix(".gz")
     n = 0
+    header_only = False
     if name.endswith((".csv", ".tsv")):
         tsv = name.endswith(".tsv")
         with open_text(path, newline="") as f:
@@ -35,6 +36,7 @@ def read_table(path: str | Path, input_field: str, output_field: str) -> Iterabl
                 if tsv
                 else csv.reader(f, delimiter=",", strict=True)
             )
+            start = 1  # the line where the record being read starts
             try:
                 cols = next(reader, None)
                 if cols is None:
@@ -50,6 +52,7 @@ def read_table(path: str | Path, input_field: str, output_field: str) -> Iterabl
                         f"{path}:1: the header names column(s) {repeated} more than once; which one holds the "
                         "data would be a guess: rename or drop the extra ones"
                     )
+                header_only = True
                 while True:
                     start = reader.line_num + 1
                     rec = next(reader, None)
@@ -58,52 +61,75 @@ def read_table(path: str | Path, input_field: str, output_field: str) -> Iterabl
                     if not rec:
                         continue  # a blank line
                     if len(rec) != len(cols):
+                        fix = (
+                            "a field must not hold a tab (TSV has no quoting: write CSV to quote fields)"
+                            if tsv
+                            else 'a field holding the delimiter must be quoted (e.g. "wake me at 7, am"), a quote '
+                            "doubled"
+                        )
                         raise InputError(
-                            f"{path}:{start}: {len(rec)} fields, the header has {len(cols)} ({cols}); a field "
-                            'holding the delimiter must be quoted (e.g. "wake me at 7, am"), a quote doubled'
+                            f"{path}:{start}: {len(rec)} fields, the header has {len(cols)} ({cols}); {fix}"
                         )
                     row = dict(zip(cols, rec))
                     where = f"{path}:{start}"
                     yield text_fields(row, (input_field, output_field), where), where
                     n += 1
             except csv.Error as e:
+                # the record that failed starts at `start`; the reader may have read to the end of the file
+                if "field larger than field limit" in str(e):
+                    why = (
+                        "a field longer than the csv module's limit: usually a quote opened in this record and "
+                        "never closed, which makes the rest of the file one field"
+                    )
+                elif tsv:
+                    why = "TSV has no quoting"
+                else:
+                    why = 'quote fields as RFC 4180 does: a quote inside a quoted field is doubled ("")'
                 raise InputError(
-                    f"{path}:{reader.line_num}: not valid CSV ({e}); quote fields as RFC 4180 does"
+                    f"{path}:{start}: not valid {'TSV' if tsv else 'CSV'} in the record starting here ({e}); {why}"
                 ) from None
     else:
-        for where, row in read_jsonl_lines(path, required=(input_field, output_field)):
+        rows = read_jsonl_lines(path, required=(input_field, output_field), numbers_as_written=True)
+        for where, row in rows:
             yield text_fields(row, (input_field, output_field), where), where
             n += 1
     if n == 0:
-        raise InputError(
-            f"{path}: no rows (an empty file); expected rows with the fields {input_field!r}, {output_field!r}"
-        )
+        what = "a header line and no rows" if header_only else "no rows (an empty file)"
+        raise InputError(f"{path}: {what}; expected rows with the fields {input_field!r}, {output_field!r}")
 
 
 def field_text(value: Any, where: str, field: str) -> str | None:
     """An input or output value as text: a string as it is, a number or a boolean as JSON writes it (``3``, ``2.5``,
-    ``true``), null as None (an empty value, skipped and counted). An object, an array, NaN/Infinity or a string that
-    cannot be UTF-8 (a lone surrogate escape) raise ``InputError`` naming ``where`` and ``field``."""
+    ``true``; an integer of any kind, numpy's too, in digits), null as None (an empty value, skipped and counted).
+    An object, an array, bytes, NaN/Infinity, any other type, or a string that cannot be UTF-8 (a lone surrogate
+    escape) raise ``InputError`` naming ``where`` and ``field``. (Data files keep their numbers as written:
+    :func:`read_table` reads ``3.50`` as the text ``3.50``.)"""
     import json
     import math
+    import numbers
 
     if value is None or isinstance(value, str):
         text = value
     elif isinstance(value, bool):
         text = "true" if value else "false"
-    elif isinstance(value, int):
-        text = str(value)
+    elif isinstance(value, numbers.Integral):
+        text = str(int(value))
     elif isinstance(value, float):
         if not math.isfinite(value):
             raise InputError(f"{where}: field {field!r} is {value} (not a number); give a number or a text")
         text = json.dumps(value)
     else:
         kind = (
-            "an object" if isinstance(value, dict) else "an array" if isinstance(value, list) else type(value)
+            "an object"
+            if isinstance(value, dict)
+            else "an array"
+            if isinstance(value, (list, tuple))
+            else f"of type {type(value).__name__}"
         )
+        hint = "decode it to a str first" if isinstance(value, (bytes, bytearray)) else "write it as a string"
         raise InputError(
-            f"{where}: field {field!r} is {kind} ({json.dumps(value)[:60]}); expected a text (or a number): "
-            "write it as a string if it is meant as one"
+            f"{where}: field {field!r} is {kind} ({json.dumps(value, default=repr)[:60]}); expected a text (or a "
+            f"number): {hint} if it is meant as one"
         )
     if text is not None:
         try:

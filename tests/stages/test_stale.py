@@ -204,6 +204,21 @@ def test_hub_revision_is_part_of_the_examples_key_and_unpinned_keys_stay(tmp_pat
     assert pinned[0] != fp and pinned[1] != pinned[0]
 
 
+@pytest.mark.parametrize(
+    "name,marked", [("d.jsonl", True), ("d.json.gz", True), ("d.csv", False), ("d.TSV", False)]
+)
+def test_own_json_data_is_keyed_by_how_numbers_are_read(name, marked, tmp_path):
+    """JSON numbers have been kept as written ("3.50") since the key ``json_numbers``: a run whose examples were read
+    the old way (3.5) is stale; CSV / TSV rows were always text, so their keys stay."""
+    p = tmp_path / name
+    p.write_bytes(b"x")
+    cfg = load_config([], [f"run_root={tmp_path}", "data.task=jsonl", f"data.path={p}"])
+    keys = pipeline._examples_keys(Context(cfg))
+    assert ("json_numbers" in keys) is marked
+    mtop = load_config([], [f"run_root={tmp_path}", "data.task=mtop"])
+    assert "json_numbers" not in pipeline._examples_keys(Context(mtop))  # built-in tasks' keys stay
+
+
 # ---- scripts/learning_curve.py: a row's key by the stages' rules --------------------------------------------------
 @pytest.fixture(scope="module")
 def curve():
