@@ -65,6 +65,7 @@ class LoadReport:
     repeated_in_pool: int = 0  # pool rows with the input and output of an earlier pool row (kept)
     eval_in_pool: int = 0  # evaluation rows whose input and output are also a pool row (kept; see Task.load)
     beyond_pool_limit: int = 0  # usable pool rows after the first data.pool_limit ones: not used, by request
+    inputs_with_separators: int = 0  # inputs holding the prompt format's tab or newline (kept; see Task.load)
     LOG_EACH: ClassVar[int] = 3  # rows logged one by one per reason; the rest are counted in the summary
 
     def skip(self, where: str, why: str) -> None:
@@ -96,6 +97,7 @@ class LoadReport:
             "repeated_in_pool": self.repeated_in_pool,
             "eval_in_pool": self.eval_in_pool,
             "beyond_pool_limit": self.beyond_pool_limit,
+            "inputs_with_separators": self.inputs_with_separators,
         }
 
 
@@ -174,7 +176,26 @@ class Task:
         if self.report.skipped or self.report.beyond_pool_limit:
             log.warning("task %s: %s", self.name, self.report.summary())
         self._check_repeats(pool, ev)
+        self._check_separators([*pool, *ev])
         return pool, ev
+
+    def _check_separators(self, rows: Sequence[Example]) -> None:
+        """Count (and warn about, naming rows) inputs that hold the default prompt format's separators, a tab
+        (between input and answer) or a newline (between demonstrations): kept as they are, but the LM then sees a
+        demonstration's boundaries in the wrong place, so the user should know."""
+        if type(self).format_demo is not Task.format_demo:
+            return  # the task writes its own format
+        hits = [str(e.meta.get("source")) for e in rows if "\t" in e.input or "\n" in e.input]
+        self.report.inputs_with_separators = len(hits)
+        if hits:
+            log.warning(
+                "task %s: %d of %d inputs hold a tab or a newline, the prompt format's separators (kept; the LM "
+                "sees the demonstration's boundaries in the wrong place), e.g. %s",
+                self.name,
+                len(hits),
+                len(rows),
+                "; ".join(hits[:3]),
+            )
 
     def _check_repeats(self, pool: Sequence[Example], ev: Sequence[Example]) -> None:
         """Count (and warn about, naming rows) pool rows that repeat an earlier pool row and evaluation rows whose
