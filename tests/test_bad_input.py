@@ -310,7 +310,9 @@ def test_csv_quoted_commas_and_newlines_kept_whole(tmp_path, capsys, caplog):
     assert pool[1]["input"] == 'say "hi"\nthen stop' and pool[1]["output"] == "A,B"
     assert pool[2]["meta"]["source"].endswith("d.csv:5")  # the line it starts on, after a two-line record
     m = json.loads((tmp_path / "runs" / "bad" / "examples" / "manifest.json").read_text())
-    assert m["load_report"]["inputs_with_separators"] == 1  # the two-line input: kept, counted and warned about
+    assert (
+        m["load_report"]["inputs_with_separators"] == 1
+    )  # the two-line input: kept, counted and warned about
     assert "1 of 18 inputs hold a tab or a newline" in caplog.text and "d.csv:3" in caplog.text
 
 
