@@ -40,7 +40,8 @@ def query_ids(n_pool: int, num_queries: int | None, seed: int) -> np.ndarray:
     """The first ``num_queries`` of a seeded permutation of the pool, in that order.
 
     Nested: a larger label set contains every smaller one of the same seed (so it reuses their scores), and the
-    order is the scoring order, so the first chunks of a long scoring run form the smaller sets."""
+    scoring stage keeps that order at the level of blocks (``epr.stages.scores.nested_blocks``: 250, 500, 1,000,
+    ... queries), so the first chunks of a long scoring run form the smaller sets."""
     if num_queries is None or num_queries >= n_pool:
         return np.arange(n_pool)
     return np.random.default_rng(seed).permutation(n_pool)[:num_queries]

@@ -109,25 +109,48 @@ def score_chunk(
     return rows, len(too_long)
 
 
-def chunk_order(ctx: Context, rankings: list[Ranking]) -> list[Ranking]:
-    """The order queries are chunked in. With prefix sharing, queries with the same or similar outputs sit together,
+NEST_BASE = (
+    250  # the smallest label set whose chunks come first: then 500, 1,000, 2,000, ... (the curve's sizes)
+)
+
+
+def nested_blocks(n: int, base: int = NEST_BASE) -> list[tuple[int, int]]:
+    """Query-order blocks ``[0, base)``, ``[base, 2 base)``, ``[2 base, 4 base)``, ...: every prefix of ``base * 2^k``
+    queries (a smaller label set of the same seed, see ``epr.stages.candidates.query_ids``) is a union of whole
+    blocks."""
+    out, lo, hi = [], 0, min(base, n)
+    while lo < n:
+        out.append((lo, hi))
+        lo, hi = hi, min(2 * hi, n)
+    return out
+
+
+def chunk_rankings(ctx: Context, rankings: list[Ranking], cs: int) -> list[list[Ranking]]:
+    """The chunks queries are scored in. With prefix sharing, queries with the same or similar outputs sit together,
     so a chunk's queries share many BM25-over-outputs candidates (on MTOP's full pool, chunks of 200 queries hold
     ~4.5 pairs per distinct demonstration instead of ~1.2 in query order): each demonstration's prefix is computed
-    once for all of them. Scores do not depend on the order (the merged file is sorted by query)."""
+    once for all of them. The grouping is done within :func:`nested_blocks` of the query order and no chunk spans
+    two blocks, so the first chunks of a long run are exactly a smaller label set's pairs (500 of 2,000 labels are
+    done, and cached, after the chunks of the first two blocks), not a sample of every size. Scores do not depend on
+    the order (the merged file is sorted by query)."""
     if not ctx.cfg.scoring.prefix_share:
-        return list(rankings)
+        return [rankings[i : i + cs] for i in range(0, len(rankings), cs)]
     pool = ctx.examples("pool")
-    return sorted(rankings, key=lambda r: (pool[r.qid].output, r.qid))
+    chunks: list[list[Ranking]] = []
+    for lo, hi in nested_blocks(len(rankings)):
+        block = sorted(rankings[lo:hi], key=lambda r: (pool[r.qid].output, r.qid))
+        chunks += [block[i : i + cs] for i in range(0, len(block), cs)]
+    return chunks
 
 
 def run_scores(ctx: Context, out: Path, fp: str) -> dict:
     cs = ctx.cfg.scoring.chunk_size
     pool = ctx.examples("pool")
     rankings = ctx.rankings("candidates", "candidates.jsonl")
-    order = chunk_order(ctx, rankings)
-    chunks = [order[i : i + cs] for i in range(0, len(order), cs)]
+    chunks = chunk_rankings(ctx, rankings, cs)
     # a chunk is reused only under this stage fingerprint (scoring key + upstream) and for the same rankings
-    key = {"stage": fp, "chunk_size": cs, "order": "by-output" if ctx.cfg.scoring.prefix_share else "qid"}
+    order = f"by-output-in-nested-blocks-{NEST_BASE}" if ctx.cfg.scoring.prefix_share else "qid"
+    key = {"stage": fp, "chunk_size": cs, "order": order}
     parts = ChunkStore(out / "parts", key, claim=ctx.dist.is_main)
     ctx.dist.barrier()
     mine = [c for c in range(len(chunks)) if c % ctx.dist.world == ctx.dist.rank]

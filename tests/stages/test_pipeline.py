@@ -125,7 +125,7 @@ def test_prefix_shared_scoring_stage_equals_plain(tmp_path, tiny_task_files, tin
         rows = [json.loads(x) for x in (ctx.stage_dir("scores") / "scores.jsonl").read_text().splitlines()]
         got[share] = rows
         stamp = json.loads((ctx.stage_dir("scores") / "parts" / "KEY.json").read_text())
-        assert stamp["key"]["order"] == ("by-output" if share == "true" else "qid")
+        assert stamp["key"]["order"] == ("by-output-in-nested-blocks-250" if share == "true" else "qid")
     assert [(r["qid"], r["ids"]) for r in got["true"]] == [(r["qid"], r["ids"]) for r in got["false"]]
     a = np.array([s for r in got["true"] for s in r["scores"]])
     b = np.array([s for r in got["false"] for s in r["scores"]])
@@ -305,3 +305,39 @@ def test_examples_key_covers_every_file_read(tmp_path):
     with open(d / "demo.pool.jsonl", "a") as f:
         f.write('{"input": "turn on the fan", "output": "ON(fan)"}\n')
     assert pipeline.stage_fingerprint(Context(ctx.cfg), "examples") != before
+
+
+def test_prefix_shared_chunks_keep_the_nested_label_sets_in_front():
+    """Chunks grouped by output (prefix sharing) stay inside nested query-order blocks (250, 500, 1,000, ...): the
+    first chunks of a 2,000-label run are exactly the 500-label set's queries, so a smaller curve point's pairs are
+    scored (and cached) first. Negative control: grouping over the whole run would scatter them."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from epr.stages.candidates import query_ids
+    from epr.stages.scores import chunk_rankings, nested_blocks
+    from epr.types import Example, Ranking
+
+    assert nested_blocks(2000) == [(0, 250), (250, 500), (500, 1000), (1000, 2000)]
+    assert nested_blocks(600) == [(0, 250), (250, 500), (500, 600)]
+    assert nested_blocks(0) == [] and nested_blocks(100) == [(0, 100)]
+    rng = np.random.default_rng(0)
+    pool = [Example(i, f"x{i}", f"out {rng.integers(40)}", {}) for i in range(3000)]
+    qids = query_ids(len(pool), 2000, 7)
+    rankings = [Ranking(int(q), [0, 1], [0.0, 0.0]) for q in qids]
+    ctx = SimpleNamespace(
+        cfg=SimpleNamespace(scoring=SimpleNamespace(prefix_share=True)), examples=lambda _: pool
+    )
+    chunks = chunk_rankings(ctx, rankings, 50)
+    assert sorted(r.qid for c in chunks for r in c) == sorted(int(q) for q in qids)  # every query, once
+    first = {r.qid for c in chunks[:10] for r in c}
+    assert first == {int(q) for q in query_ids(len(pool), 500, 7)}
+    outs = [pool[r.qid].output for r in chunks[0]]
+    assert outs == sorted(outs)  # grouped by output within a block
+    scattered = sorted(rankings, key=lambda r: (pool[r.qid].output, r.qid))[:500]
+    assert {r.qid for r in scattered} != first  # the old whole-run grouping
+    plain = chunk_rankings(
+        SimpleNamespace(cfg=SimpleNamespace(scoring=SimpleNamespace(prefix_share=False))), rankings, 50
+    )
+    assert [r.qid for c in plain for r in c] == [int(q) for q in qids]
