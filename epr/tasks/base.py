@@ -167,7 +167,9 @@ class Task:
                 f"{self.where()}: the demonstration pool is empty ({self.report.summary()}); every row needs a "
                 f"non-empty {self.cfg.input_field!r} and {self.cfg.output_field!r}"
             )
-        if eval_raw and not ev:
+        if (
+            eval_raw and not ev and self.cfg.eval_path
+        ):  # a held-out part may be all bad by chance: retrieve says so
             raise InputError(
                 f"{self.where()}: none of the {len(eval_raw)} evaluation rows is usable ({self.report.summary()}; "
                 f"e.g. {'; '.join(self.report.skipped[-3:])}); every row needs a non-empty "
