@@ -136,3 +136,22 @@ def recall_mrr(
 
 def demo_text(task, ex: Example) -> str:
     return task.format_demo(ex).strip()
+
+
+def truncation(lengths: Sequence[int], max_length: int) -> dict:
+    """How much of a set of texts an encoder that keeps ``max_length`` tokens cuts: the share of texts longer
+    than it and the length quantiles (``lengths``: each text's token count with the special tokens)."""
+    a = np.asarray(lengths, dtype=np.int64)
+    if a.size == 0:
+        return {"texts": 0, "max_length": max_length, "truncated": 0, "share": 0.0}
+    q50, q90, q99 = (int(np.ceil(np.percentile(a, p))) for p in (50, 90, 99))
+    cut = int((a > max_length).sum())
+    return {
+        "texts": int(a.size),
+        "max_length": max_length,
+        "truncated": cut,
+        "share": cut / a.size,
+        "tokens_p50": q50,
+        "tokens_p90": q90,
+        "tokens_p99": q99,
+    }

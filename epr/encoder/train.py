@@ -38,7 +38,7 @@ from transformers import get_linear_schedule_with_warmup
 from epr.artifacts import atomic_write_text
 from epr.config import train_loss_weight, train_temperature
 from epr.encoder.checkpoints import Checkpoints, save_model
-from epr.encoder.data import demo_text, sample_group, sample_pair, split_dev
+from epr.encoder.data import demo_text, sample_group, sample_pair, split_dev, truncation
 from epr.encoder.dev_metric import best_epoch, evaluate, plot_history
 from epr.encoder.losses import gather_keep_local_grad, gather_plain, grad_cache_backward, group_loss
 from epr.encoder.model import DualEncoder
@@ -181,6 +181,18 @@ def train(cfg, data: TrainingData, out: Path, fp: str, resume: bool = True, worl
         cache=cfg.models.cache_dir,
         similarity=tc.similarity,
     )
+    cut = demo_truncation(model, task, pool, train_rows)
+    if cut["share"] > TRUNCATION_WARN:
+        log.warning(
+            "train.max_length=%d cuts %d of the %d demonstrations the encoder trains on (%.0f%%; 90%% fit in %d "
+            "tokens, 99%% in %d): the prompt encoder never sees their ends; raise train.max_length to see them",
+            tc.max_length,
+            cut["truncated"],
+            cut["texts"],
+            100 * cut["share"],
+            cut["tokens_p90"],
+            cut["tokens_p99"],
+        )
     per_proc, n_proc = tc.batch_size, accelerator.num_processes
     steps_per_epoch = len(train_rows) // (per_proc * n_proc)
     if steps_per_epoch == 0:
@@ -278,8 +290,21 @@ def train(cfg, data: TrainingData, out: Path, fp: str, resume: bool = True, worl
             "best_epoch": best,
             "resumed_from_step": start_step,
             "steps_run": step - start_step,
+            "demo_truncation": cut,
         },
     }
+
+
+TRUNCATION_WARN = 0.05  # the share of cut demonstrations above which training warns
+
+
+def demo_truncation(model: DualEncoder, task, pool, rows) -> dict:
+    """``truncation`` of the demonstrations the training rows draw on (positives, negatives, scored candidates), as
+    the prompt encoder tokenizes them."""
+    ids = sorted({i for r in rows for i in (*r.pos, *r.neg, *r.cands)})
+    texts = [demo_text(task, pool[i]) for i in ids]
+    lengths = [len(t) for t in model.tok(texts, add_special_tokens=True, truncation=False)["input_ids"]]
+    return truncation(lengths, model.max_length)
 
 
 def _accelerator(tc, out: Path) -> Accelerator:

@@ -78,6 +78,38 @@ def test_three_steps_decrease_loss(tmp_path, tiny_task_files, minilm_dir):
     assert not (ctx.stage_dir("encoder") / "checkpoints").exists()  # a finished training removes them
 
 
+def test_truncation_counts_texts_longer_than_the_encoder_keeps():
+    from epr.encoder.data import truncation
+
+    r = truncation([3, 10, 64, 65, 200], 64)
+    assert (r["texts"], r["truncated"], r["share"], r["tokens_p50"]) == (5, 2, 0.4, 64)
+    assert r["tokens_p99"] >= 195 and truncation([], 64)["share"] == 0.0
+
+
+def test_training_reports_the_demonstrations_its_max_length_cuts(
+    tmp_path, tiny_task_files, minilm_dir, caplog
+):
+    """Every demonstration the training draws on is counted (its tokens with [CLS]/[SEP]); over 5% cut warns."""
+    from transformers import AutoTokenizer
+
+    from epr.artifacts import read_jsonl
+    from epr.encoder.data import demo_text
+    from epr.stages.encoder import run_encoder
+
+    ctx = bm25_ctx(
+        tmp_path, tiny_task_files, minilm_dir, "train.epochs=1", "train.dev_size=0", "train.max_length=8"
+    )
+    with caplog.at_level("WARNING", logger="epr.encoder.train"):
+        cut = run_encoder(ctx, ctx.stage_dir("encoder"), "test")["extra"]["demo_truncation"]
+    pool = ctx.examples("pool")
+    labels = read_labels(list(read_jsonl(ctx.stage_dir("labels") / "labels.jsonl")), len(pool), "x")
+    ids = {i for r in labels for i in (*r.pos, *r.neg, *r.cands)}
+    tok = AutoTokenizer.from_pretrained(minilm_dir)
+    lengths = [len(tok(demo_text(ctx.task, pool[i]))["input_ids"]) for i in ids]
+    assert (cut["texts"], cut["truncated"]) == (len(ids), sum(n > 8 for n in lengths))
+    assert cut["truncated"] > 0 and "train.max_length=8 cuts" in caplog.text
+
+
 # 20 training instances (24 labelled, 4 dev) in batches of 4: 5 steps per epoch, 10 in all; checkpoints
 # every 2 steps mid-epoch (2, 4, 6, 8) and at each epoch end (5, 10)
 RESUME = ("train.epochs=2", "train.checkpoint_every=2")
