@@ -185,7 +185,7 @@ def train(cfg, data: TrainingData, out: Path, fp: str, resume: bool = True, worl
     if cut["share"] > TRUNCATION_WARN:
         log.warning(
             "train.max_length=%d cuts %d of the %d demonstrations the encoder trains on (%.0f%%; 90%% fit in %d "
-            "tokens, 99%% in %d): the prompt encoder never sees their ends; raise train.max_length to see them",
+            "tokens, 99%% in %d): the prompt encoder never sees their ends; raise train.max_length to see them (and set train.chunk_size, GradCache, to bound memory)",
             tc.max_length,
             cut["truncated"],
             cut["texts"],
