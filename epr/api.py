@@ -23,7 +23,6 @@ import numpy as np
 from epr.artifacts import read_jsonl
 from epr.cache import fingerprint, read_manifest
 from epr.config import DataConfig, RagsysConfig, RetrieveConfig, config_from_dict
-from epr.encoder.data import demo_text
 from epr.encoder.model import DualEncoder
 from epr.retrieval.index import build_index, load_index, save_index, search
 from epr.retrieval.prompt_budget import build_prompt
@@ -138,7 +137,7 @@ class PromptRetriever:
         )
         if index is None:
             index = build_index(
-                encoder.encode([demo_text(task, e) for e in pool], "prompt", progress=True), factory
+                encoder.encode([encoder.demo(task, e) for e in pool], "prompt", progress=True), factory
             )
         self.index = index
         d = RetrieveConfig()
@@ -311,7 +310,7 @@ class PromptRetriever:
             raise ValueError(f"add: {why}; a demonstration needs a non-empty input and output")
         texts = {k: v.strip() for k, v in texts.items()}
         ex = Example(len(self.pool), texts["input"], texts["output"], {})
-        self.index.add(self.encoder.encode([demo_text(self.task, ex)], "prompt"))
+        self.index.add(self.encoder.encode([self.encoder.demo(self.task, ex)], "prompt"))
         self.pool.append(ex)
         if self.quality is not None:
             self.quality = np.append(np.asarray(self.quality), np.float32(np.mean(self.quality)))
@@ -319,5 +318,5 @@ class PromptRetriever:
 
     def scores_for(self, query: str, ids) -> np.ndarray:
         q = self.encoder.encode([query], "query")[0]
-        p = self.encoder.encode([demo_text(self.task, self.pool[i]) for i in ids], "prompt")
+        p = self.encoder.encode([self.encoder.demo(self.task, self.pool[i]) for i in ids], "prompt")
         return p @ q

@@ -196,6 +196,11 @@ class TrainConfig:
         False, "one encoder for queries and demonstrations (false: two, both from models.encoder)"
     )
     max_length: int = opt(64, "encoder tokens per query / demonstration")
+    demo_fields: str = opt(
+        "input_output",
+        "what of a demonstration the prompt tower reads: input and output (SPEC 2.4) or the input alone",
+        ("input_output", "input"),
+    )
     grad_accum: int = opt(1, "gradient accumulation steps")
     mixed_precision: str = opt("no", "accelerate's mixed precision", ("no", "bf16"))
     seed: int = opt(42, "seed of the training order, the sampled documents and the dev split")

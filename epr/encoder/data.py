@@ -134,7 +134,16 @@ def recall_mrr(
     return float(np.mean(rec)), float(np.mean(rr))
 
 
-def demo_text(task, ex: Example) -> str:
+DEMO_FIELDS = ("input_output", "input")
+
+
+def demo_text(task, ex: Example, fields: str = "input_output") -> str:
+    """A demonstration as the prompt tower reads it: the task's demonstration format (input and output, SPEC 2.4:
+    E_P encodes x_e and y_e together), or with ``fields="input"`` the input alone (as SBERT reads the pool)."""
+    if fields == "input":
+        return ex.input.strip()
+    if fields != "input_output":
+        raise ValueError(f"demo fields must be one of {', '.join(DEMO_FIELDS)}, not {fields!r}")
     return task.format_demo(ex).strip()
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from epr.encoder.data import demo_text, recall_mrr
+from epr.encoder.data import recall_mrr
 from epr.encoder.model import DualEncoder
 
 __all__ = ["evaluate", "best_epoch", "plot_history"]
@@ -18,7 +18,7 @@ def evaluate(model: DualEncoder, dev, cands: dict, pool, task, k: int) -> dict:
     q = model.encode([pool[r.qid].input for r in dev], "query")
     ids = [cands[r.qid] for r in dev]
     flat = sorted({i for c in ids for i in c})
-    emb = model.encode([demo_text(task, pool[i]) for i in flat], "prompt")
+    emb = model.encode([model.demo(task, pool[i]) for i in flat], "prompt")
     pos_of = {c: j for j, c in enumerate(flat)}
     cand_emb = [emb[[pos_of[i] for i in c]] for c in ids]
     rec, mrr = recall_mrr(q, cand_emb, ids, [r.pos for r in dev], k)

@@ -34,6 +34,7 @@ class DualEncoder(nn.Module):
         tokenizer,
         max_length: int = 64,
         similarity: str = "dot",
+        demo_fields: str = "input_output",
     ):
         super().__init__()
         if similarity not in ("dot", "cosine"):
@@ -44,6 +45,9 @@ class DualEncoder(nn.Module):
         self.tied = p_model is None
         self.tok = tokenizer
         self.max_length = max_length
+        self.demo_fields = (
+            demo_fields  # what of a demonstration the prompt tower reads (encoder.data.demo_text)
+        )
 
     @classmethod
     def from_pretrained(
@@ -53,6 +57,7 @@ class DualEncoder(nn.Module):
         max_length: int = 64,
         cache: str | None = None,
         similarity: str = "dot",
+        demo_fields: str = "input_output",
     ) -> DualEncoder:
         """From a base encoder (packaged name, hub id, folder) or from a saved dual encoder folder (whose own
         ``similarity`` wins)."""
@@ -66,12 +71,21 @@ class DualEncoder(nn.Module):
             tok = AutoTokenizer.from_pretrained(d / "query_encoder")
             q = AutoModel.from_pretrained(d / "query_encoder")
             p = None if meta["tied"] else AutoModel.from_pretrained(d / "prompt_encoder")
-            return cls(q, p, tok, meta["max_length"], meta.get("similarity", "dot"))
+            fields = meta.get(
+                "demo_fields", "input_output"
+            )  # (folders written before the setting: input_output)
+            return cls(q, p, tok, meta["max_length"], meta.get("similarity", "dot"), fields)
         path = resolve_encoder(name_or_dir, cache)
         tok = AutoTokenizer.from_pretrained(path)
         q = AutoModel.from_pretrained(path)
         p = None if tie else AutoModel.from_pretrained(path)
-        return cls(q, p, tok, max_length, similarity)
+        return cls(q, p, tok, max_length, similarity, demo_fields)
+
+    def demo(self, task, ex) -> str:
+        """The text the prompt tower encodes for demonstration ``ex``."""
+        from epr.encoder.data import demo_text
+
+        return demo_text(task, ex, self.demo_fields)
 
     def tokenize(self, texts: Sequence[str]) -> dict:
         return dict(
@@ -119,7 +133,14 @@ class DualEncoder(nn.Module):
             self.p_model.save_pretrained(out / "prompt_encoder")
             self.tok.save_pretrained(out / "prompt_encoder")
         (out / "dual_encoder.json").write_text(
-            json.dumps({"tied": self.tied, "max_length": self.max_length, "similarity": self.similarity})
+            json.dumps(
+                {
+                    "tied": self.tied,
+                    "max_length": self.max_length,
+                    "similarity": self.similarity,
+                    "demo_fields": self.demo_fields,
+                }
+            )
         )
         from epr.artifacts import apply_umask
 

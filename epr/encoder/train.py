@@ -38,7 +38,7 @@ from transformers import get_linear_schedule_with_warmup
 from epr.artifacts import atomic_write_text
 from epr.config import train_loss_weight, train_temperature
 from epr.encoder.checkpoints import Checkpoints, save_model
-from epr.encoder.data import demo_text, sample_group, sample_pair, split_dev, truncation
+from epr.encoder.data import sample_group, sample_pair, split_dev, truncation
 from epr.encoder.dev_metric import best_epoch, evaluate, plot_history
 from epr.encoder.losses import gather_keep_local_grad, gather_plain, grad_cache_backward, group_loss
 from epr.encoder.model import DualEncoder
@@ -85,7 +85,7 @@ def compute_loss(model: DualEncoder, batch: dict, pool, task, tc, accelerator) -
     (:func:`sum_gradients`) then gives exactly the one-process gradient of the whole batch (tested)."""
     unwrapped = accelerator.unwrap_model(model)
     qs = [pool[q].input for q in batch["qids"]]
-    ds = [demo_text(task, pool[i]) for g in batch["ids"] for i in g]
+    ds = [unwrapped.demo(task, pool[i]) for g in batch["ids"] for i in g]
     G = batch["group"]
     doc_ids = torch.tensor([i for g in batch["ids"] for i in g])
     teacher, valid = batch.get("teacher"), batch.get("valid")
@@ -180,6 +180,7 @@ def train(cfg, data: TrainingData, out: Path, fp: str, resume: bool = True, worl
         max_length=tc.max_length,
         cache=cfg.models.cache_dir,
         similarity=tc.similarity,
+        demo_fields=tc.demo_fields,
     )
     cut = demo_truncation(model, task, pool, train_rows)
     if cut["share"] > TRUNCATION_WARN:
@@ -302,7 +303,7 @@ def demo_truncation(model: DualEncoder, task, pool, rows) -> dict:
     """``truncation`` of the demonstrations the training rows draw on (positives, negatives, scored candidates), as
     the prompt encoder tokenizes them."""
     ids = sorted({i for r in rows for i in (*r.pos, *r.neg, *r.cands)})
-    texts = [demo_text(task, pool[i]) for i in ids]
+    texts = [model.demo(task, pool[i]) for i in ids]
     lengths = [len(t) for t in model.tok(texts, add_special_tokens=True, truncation=False)["input_ids"]]
     return truncation(lengths, model.max_length)
 

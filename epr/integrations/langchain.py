@@ -25,7 +25,6 @@ from langchain_core.embeddings import Embeddings
 from langchain_core.example_selectors import BaseExampleSelector
 
 from epr.api import PromptRetriever, Selection
-from epr.encoder.data import demo_text
 from epr.types import Example
 
 __all__ = ["EPRExampleSelector", "EPREmbeddings"]
@@ -86,7 +85,9 @@ class EPREmbeddings(Embeddings):
 
     def document(self, example: dict[str, str], input_key: str = "input", output_key: str = "output") -> str:
         """A demonstration's text exactly as the demonstration tower saw it in training."""
-        return demo_text(self.retriever.task, Example(-1, example[input_key], example[output_key], {}))
+        return self.retriever.encoder.demo(
+            self.retriever.task, Example(-1, example[input_key], example[output_key], {})
+        )
 
     def embed_documents(self, texts: list[str]) -> list[list[float]]:
         return self.retriever.encoder.encode(list(texts), "prompt").tolist()

@@ -213,8 +213,9 @@ def write_curve(out: Path, rows: list[dict], a, t0: float) -> None:
                 + (
                     f"; the last scoring process scored {lab['speed']['scored_here']} at "
                     f"{lab['speed']['sequences_per_s']} sequences/s ({lab['speed']['machine']})."
-                    if lab.get("speed")
-                    else " (served from the score cache; no throughput measured in this run)."
+                    if (lab.get("speed") or {}).get("scored_here")
+                    else " (served from the score cache: imported or scored by an earlier run; no throughput measured "
+                    "in this run)."
                 )
             ]
             if (lab := info.get("labels"))

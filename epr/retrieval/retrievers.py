@@ -20,7 +20,6 @@ from pathlib import Path
 import numpy as np
 
 from epr.config import RETRIEVERS
-from epr.encoder.data import demo_text
 from epr.retrieval.bm25 import BM25Index
 from epr.retrieval.index import build_index, search
 from epr.types import Example, Hits, Retriever
@@ -240,7 +239,7 @@ def make_retriever(
         de = loaded[str(encoder)]
         key = (str(encoder), "pool")  # epr and hybrid in one run encode the pool once
         if key not in loaded or loaded[key][0] is not pool:  # the pool object kept beside its embeddings
-            loaded[key] = (pool, de.encode([demo_text(task, e) for e in pool], "prompt", progress=True))
+            loaded[key] = (pool, de.encode([de.demo(task, e) for e in pool], "prompt", progress=True))
         pool_emb = loaded[key][1]
         return DenseRetriever(
             name, pool_emb, lambda texts: de.encode(list(texts), "query"), cfg.retrieve.index_factory

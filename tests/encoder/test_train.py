@@ -314,3 +314,30 @@ def test_two_processes_give_the_one_process_gradient(tmp_path, minilm_dir, loss,
             n
         ) in names:  # element-wise too, on the tower's scale (some gradients are exactly 0 up to rounding)
             torch.testing.assert_close(b["grads"][n], a["grads"][n], rtol=1e-4, atol=1e-5 * scale, msg=n)
+
+
+def test_input_only_demonstrations_are_what_training_and_retrieval_encode(
+    tmp_path, tiny_task_files, minilm_dir
+):
+    """train.demo_fields=input: the saved encoder records it, and the retriever's pool embeddings are the prompt
+    tower's embeddings of the inputs alone, value for value (not of input + output)."""
+    import numpy as np
+
+    from epr.encoder.data import demo_text
+    from epr.encoder.model import DualEncoder
+    from epr.retrieval.retrievers import make_retriever
+    from epr.stages.encoder import run_encoder
+
+    ctx = bm25_ctx(
+        tmp_path, tiny_task_files, minilm_dir, "train.epochs=1", "train.dev_size=0", "train.demo_fields=input"
+    )
+    run_encoder(ctx, ctx.stage_dir("encoder"), "test")
+    folder = ctx.stage_dir("encoder") / "model"
+    assert json.loads((folder / "dual_encoder.json").read_text())["demo_fields"] == "input"
+    de = DualEncoder.from_pretrained(str(folder))
+    pool = ctx.examples("pool")
+    assert de.demo(ctx.task, pool[0]) == pool[0].input.strip() != demo_text(ctx.task, pool[0])
+    r = make_retriever("epr", pool, ctx.task, ctx.cfg, str(folder))
+    np.testing.assert_array_equal(r.pool_emb, de.encode([e.input.strip() for e in pool], "prompt"))
+    with pytest.raises(ValueError, match="demo fields"):
+        demo_text(ctx.task, pool[0], "output")
