@@ -240,6 +240,9 @@ def main(argv: list[str] | None = None) -> int:
     ) -> dict:
         key = row_key(ctx, retriever, fp, len(metric.ev))
         r = cached_row(rows_dir / f"{name}.json", key, lambda: metric(ctx, retriever))
+        best = None
+        if loss is not None:  # a learned row: which epoch its encoder is (train.best_by may keep epoch 0)
+            best = json.loads((ctx.stage_dir("encoder") / "manifest.json").read_text()).get("best_epoch")
         row = {
             "name": name,
             "retriever": name.split("@")[0],
@@ -248,6 +251,7 @@ def main(argv: list[str] | None = None) -> int:
             "seed": seed,
             "seeds": 1,
             "split": a.split,
+            "best_epoch": best,
             "run": str(ctx.cfg.run_dir),
             **r,
         }

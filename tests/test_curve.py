@@ -142,6 +142,25 @@ def test_pooled_rows_em_tests_gap_and_row_shape(curve, tmp_path):
         assert json.load(f) == ref
 
 
+def test_a_learned_row_that_kept_epoch_0_says_it_is_the_untrained_encoder(curve, tmp_path):
+    """train.best_by keeps epoch 0 when no epoch beats the untrained encoder on the dev labels: the row is then not a
+    learned row, and curve.json / curve.md say so (single seeds and pooled rows)."""
+    lp = np.linspace(-12, -8, 10)
+    rows = [_row("bm25", None, None, lp), _row("sbert", None, None, lp - 1)]
+    for s, best in ((42, 0), (1, 2)):
+        rows.append(
+            {**_row(curve.seeded("epr@100-distill", s), "distill", 100, lp + 0.1, s), "best_epoch": best}
+        )
+    curve.add_pooled(rows, 100, "distill", [42, 1])
+    a = argparse.Namespace(split="dev", name="x-curve", lms="LMs")
+    curve.write_curve(tmp_path, rows, a, 0.0)
+    out = json.loads((tmp_path / "curve.json").read_text())["rows"]
+    assert [r["best_epoch"] for r in out] == [None, None, 0, 2, [0, 2]]
+    md = (tmp_path / "curve.md").read_text()
+    assert "| 1 (seed 42); kept epoch 0 (untrained) |" in md and "| 1 (seed 1) |" in md
+    assert "| 2; 1 of 2 seeds kept epoch 0 (untrained) |" in md
+
+
 def test_seeded_names_keep_the_committed_runs(curve):
     assert curve.seeded("mtop-curve/2000-distill", curve.BASE_SEED) == "mtop-curve/2000-distill"
     assert curve.seeded("mtop-curve/2000-distill", 7) == "mtop-curve/2000-distill-s7"

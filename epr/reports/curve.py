@@ -77,6 +77,20 @@ def paired_p(e: dict, ref: dict, k: int = 1, metric: str = "correct") -> float:
     return mcnemar_exact(int(np.sum(mean > r)), int(np.sum(mean < r)))
 
 
+def untrained_note(best_epoch) -> str:
+    """A learned row whose training kept epoch 0 (``train.best_by``: no epoch beat the untrained encoder on the dev
+    labels) is the untrained encoder: its table cell says so."""
+    epochs = best_epoch if isinstance(best_epoch, list) else [best_epoch]
+    n0 = sum(e == 0 for e in epochs)
+    if not n0:
+        return ""
+    return (
+        "; kept epoch 0 (untrained)"
+        if len(epochs) == 1
+        else f"; {n0} of {len(epochs)} seeds kept epoch 0 (untrained)"
+    )
+
+
 def add_pooled(rows: list[dict], n: int, loss: str, seeds: list[int], retriever: str = "epr") -> None:
     """A row pooling the seeds of one curve point of one learned retriever (``epr``, ``hybrid``): mean and spread
     of the seeds' gold log-probs; per example the mean over seeds (the paired tests compare that with a reference on
@@ -102,6 +116,7 @@ def add_pooled(rows: list[dict], n: int, loss: str, seeds: list[int], retriever:
             "gold_logprob_ci": [float(min(means)), float(max(means))],
             "dpo": float(np.mean([r["dpo"] for r in mine])),
             "per_query_logprob": [None if np.isnan(v) else float(v) for v in np.nanmean(per, axis=0)],
+            "best_epoch": [r.get("best_epoch") for r in mine],
         }
     )
 
@@ -167,6 +182,7 @@ def write_curve(out: Path, rows: list[dict], a, t0: float) -> None:
             "split": r.get("split", "dev"),
             "seeds": r.get("seeds", 1),
             "seed": r.get("seed"),
+            "best_epoch": r.get("best_epoch"),  # the training epoch the row's encoder is (0: untrained)
             "oracle_gap_captured": {m: captured(r, m) for m in ("gold_logprob", "em")},
             "n": r.get("em_n", r["n"]),
             "em": r.get("em"),
@@ -255,7 +271,8 @@ def write_curve(out: Path, rows: list[dict], a, t0: float) -> None:
         return f"{r[k]:+.3f} ({r[f'logprob_p_vs_{b}']:.2g}{typical})"
 
     def seeds(r: dict) -> str:  # which seed a single-seed learned row is, so its lines can be told apart
-        return f"1 (seed {r['seed']})" if r["seeds"] == 1 and r.get("seed") is not None else str(r["seeds"])
+        cell = f"1 (seed {r['seed']})" if r["seeds"] == 1 and r.get("seed") is not None else str(r["seeds"])
+        return cell + untrained_note(r.get("best_epoch"))
 
     for r in slim:
         f = lambda v, d=1: "" if v is None else (f"{v:.{d}f}" if isinstance(v, float) else str(v))  # noqa: E731
