@@ -22,7 +22,7 @@ from epr import pipeline  # noqa: E402
 from epr.artifacts import atomic_write_text  # noqa: E402
 from epr.config import load_config  # noqa: E402
 from epr.context import Context  # noqa: E402
-from epr.encoder.data import demo_text, truncation  # noqa: E402
+from epr.encoder.data import demo_text, token_lengths, truncation  # noqa: E402
 from epr.reports.machine import describe, machine  # noqa: E402
 
 LENGTHS = (64, 128, 256)
@@ -38,8 +38,7 @@ def pool_lengths(config: str, run_root: str) -> tuple[str, list[int]]:
     pipeline.run(ctx, until="examples")
     pool = ctx.examples("pool")
     tok = AutoTokenizer.from_pretrained(resolve_encoder(ctx.cfg.models.encoder, ctx.cfg.models.cache_dir))
-    ids = tok([demo_text(ctx.task, e) for e in pool])["input_ids"]
-    return ctx.cfg.name, [len(x) for x in ids]
+    return ctx.cfg.name, token_lengths(tok, [demo_text(ctx.task, e) for e in pool])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -147,6 +147,11 @@ def demo_text(task, ex: Example, fields: str = "input_output") -> str:
     return task.format_demo(ex).strip()
 
 
+def token_lengths(tok, texts: Sequence[str]) -> list[int]:
+    """Each text's token count under ``tok`` with the special tokens, uncut."""
+    return [len(x) for x in tok(list(texts), add_special_tokens=True, truncation=False)["input_ids"]]
+
+
 def truncation(lengths: Sequence[int], max_length: int) -> dict:
     """How much of a set of texts an encoder that keeps ``max_length`` tokens cuts: the share of texts longer
     than it and the length quantiles (``lengths``: each text's token count with the special tokens)."""

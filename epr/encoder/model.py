@@ -45,9 +45,8 @@ class DualEncoder(nn.Module):
         self.tied = p_model is None
         self.tok = tokenizer
         self.max_length = max_length
-        self.demo_fields = (
-            demo_fields  # what of a demonstration the prompt tower reads (encoder.data.demo_text)
-        )
+        # what of a demonstration the prompt tower reads (encoder.data.demo_text)
+        self.demo_fields = demo_fields
 
     @classmethod
     def from_pretrained(
@@ -71,9 +70,8 @@ class DualEncoder(nn.Module):
             tok = AutoTokenizer.from_pretrained(d / "query_encoder")
             q = AutoModel.from_pretrained(d / "query_encoder")
             p = None if meta["tied"] else AutoModel.from_pretrained(d / "prompt_encoder")
-            fields = meta.get(
-                "demo_fields", "input_output"
-            )  # (folders written before the setting: input_output)
+            # (folders written before the setting read input and output)
+            fields = meta.get("demo_fields", "input_output")
             return cls(q, p, tok, meta["max_length"], meta.get("similarity", "dot"), fields)
         path = resolve_encoder(name_or_dir, cache)
         tok = AutoTokenizer.from_pretrained(path)

@@ -38,7 +38,7 @@ from transformers import get_linear_schedule_with_warmup
 from epr.artifacts import atomic_write_text
 from epr.config import train_loss_weight, train_temperature
 from epr.encoder.checkpoints import Checkpoints, save_model
-from epr.encoder.data import sample_group, sample_pair, split_dev, truncation
+from epr.encoder.data import sample_group, sample_pair, split_dev, token_lengths, truncation
 from epr.encoder.dev_metric import best_epoch, evaluate, plot_history
 from epr.encoder.losses import gather_keep_local_grad, gather_plain, grad_cache_backward, group_loss
 from epr.encoder.model import DualEncoder
@@ -186,7 +186,8 @@ def train(cfg, data: TrainingData, out: Path, fp: str, resume: bool = True, worl
     if cut["share"] > TRUNCATION_WARN:
         log.warning(
             "train.max_length=%d cuts %d of the %d demonstrations the encoder trains on (%.0f%%; 90%% fit in %d "
-            "tokens, 99%% in %d): the prompt encoder never sees their ends; raise train.max_length to see them (and set train.chunk_size, GradCache, to bound memory)",
+            "tokens, 99%% in %d): the prompt encoder never sees their ends; raise train.max_length to see them "
+            "(and set train.chunk_size, GradCache, to bound memory)",
             tc.max_length,
             cut["truncated"],
             cut["texts"],
@@ -303,9 +304,7 @@ def demo_truncation(model: DualEncoder, task, pool, rows) -> dict:
     """``truncation`` of the demonstrations the training rows draw on (positives, negatives, scored candidates), as
     the prompt encoder tokenizes them."""
     ids = sorted({i for r in rows for i in (*r.pos, *r.neg, *r.cands)})
-    texts = [model.demo(task, pool[i]) for i in ids]
-    lengths = [len(t) for t in model.tok(texts, add_special_tokens=True, truncation=False)["input_ids"]]
-    return truncation(lengths, model.max_length)
+    return truncation(token_lengths(model.tok, [model.demo(task, pool[i]) for i in ids]), model.max_length)
 
 
 def _accelerator(tc, out: Path) -> Accelerator:
