@@ -17,6 +17,9 @@ lean decoder. Resident memory is sampled after every chunk of prompts (flat = no
 
     python -m benchmarks.generate [--n 1000] [--dtypes fp32,bf16] [--engines hf,lean] [--tag NAME]
 
+On a machine without the data (a lent server, say), build the prompts where the data is with
+``--save-prompts FILE`` and pass ``--prompts FILE`` there: the same prompts, byte for byte.
+
 Writes ``benchmarks/results/generate[-TAG].{json,md}`` with ``speedup_lean_vs_hf`` and ``identical_fp32``.
 """
 
@@ -200,6 +203,12 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--data-dir", default=str(ROOT.parent / "shared/data"))
     ap.add_argument("--tag", default="")
+    ap.add_argument(
+        "--prompts",
+        default="",
+        help="JSON {prompts, golds} written by --save-prompts: run on a machine without the data or the retrievers",
+    )
+    ap.add_argument("--save-prompts", default="", help="write the prompts and golds to this JSON file and stop")
     ap.add_argument("--limit", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--worker", nargs=3, metavar=("ENGINE", "DTYPE", "FILES"), help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -210,7 +219,14 @@ def main() -> None:
 
     from benchmarks.common import describe, machine, save
 
-    prompts, golds = mtop_prompts(a.n, a.data_dir)
+    if a.prompts:
+        saved = json.loads(Path(a.prompts).read_text())
+        prompts, golds = saved["prompts"][: a.n], saved["golds"][: a.n]
+    else:
+        prompts, golds = mtop_prompts(a.n, a.data_dir)
+    if a.save_prompts:
+        Path(a.save_prompts).write_text(json.dumps({"prompts": prompts, "golds": golds}))
+        return
     tmp = Path(tempfile.mkdtemp(prefix="epr-bench-gen-"))
     pf = tmp / "prompts.json"
     pf.write_text(json.dumps(prompts))
