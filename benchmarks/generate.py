@@ -208,7 +208,9 @@ def main() -> None:
         default="",
         help="JSON {prompts, golds} written by --save-prompts: run on a machine without the data or the retrievers",
     )
-    ap.add_argument("--save-prompts", default="", help="write the prompts and golds to this JSON file and stop")
+    ap.add_argument(
+        "--save-prompts", default="", help="write the prompts and golds to this JSON file and stop"
+    )
     ap.add_argument("--limit", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--worker", nargs=3, metavar=("ENGINE", "DTYPE", "FILES"), help=argparse.SUPPRESS)
     a = ap.parse_args()

@@ -148,16 +148,22 @@ class _Cache:
         self.v = [torch.zeros(B, Hkv, S, D, dtype=dtype, device=device) for _ in range(n_layers)]
         self.valid = torch.zeros(B, S, dtype=torch.bool, device=device)
 
-    def attend(self, fast: FastLlama, lo: int, hi: int, mask: torch.Tensor | None, r0: int = 0, r1=None):
+    def attend(
+        self, fast: FastLlama, lo: int, hi: int, mask: torch.Tensor | None, r0: int = 0, r1=None, span=None
+    ):
         """Attention that writes the new keys/values of rows ``r0:r1`` into slots ``lo:hi`` and attends over slots
-        ``:hi`` under ``mask`` (``None``: a prefill from slot 0, causal among the new tokens)."""
+        ``:span`` (default ``:hi``) under ``mask`` (``None``: a prefill from slot 0, causal among the new tokens).
+        ``span`` = every slot reads the whole cache, contiguous in memory: a slice ``:hi`` of it is strided, and
+        the batched products copied it on every layer and step (bf16: twice the attention's time); the extra
+        slots are masked and hold zeros or keys never marked valid, so their weight is exactly 0."""
+        end = hi if span is None else span
 
         def fn(li, q, k, v):
             self.k[li][r0:r1, :, lo:hi] = k
             self.v[li][r0:r1, :, lo:hi] = v
             if mask is None:
                 return fast.causal(li, q, k, v)
-            return cached_attention(q, self.k[li][:, :, :hi], self.v[li][:, :, :hi], mask, fast.scale)
+            return cached_attention(q, self.k[li][:, :, :end], self.v[li][:, :, :end], mask, fast.scale)
 
         return fn
 
@@ -169,6 +175,9 @@ class _Cache:
 
 class LeanDecoder:
     """Greedy decoding with :class:`FastLlama` and a preallocated KV cache; ``generate_ids(prompts) -> new ids``."""
+
+    # decode steps in these dtypes attend over the whole cache (contiguous) instead of the filled slice
+    WHOLE_CACHE_DTYPES = (torch.bfloat16, torch.float16)
 
     def __init__(
         self,
@@ -339,11 +348,16 @@ class LeanDecoder:
                 active = [True] * len(rows)
             slot = P + step
             cache.valid[:, slot] = True
-            mask = cache.valid[:, None, None, : slot + 1]
+            # bf16: attend over the whole (contiguous) cache, measured 2x faster per attention than a strided
+            # slice; fp32 keeps the slice, whose sums are the ones the equality tests with transformers hold
+            span = cache.valid.shape[1] if dtype in self.WHOLE_CACHE_DTYPES else slot + 1
+            mask = cache.valid[:, None, None, :span]
             pos = (lens + step)[:, None]
 
             st["decode_steps"] += 1
             st["decode_rows"] += len(rows)
-            h = fast.stack(nxt[:, None], pos, cache.attend(fast, slot, slot + 1, mask), final_norm=True)
+            h = fast.stack(
+                nxt[:, None], pos, cache.attend(fast, slot, slot + 1, mask, span=span), final_norm=True
+            )
             nxt = self._logits_argmax(h[:, 0])
         return gen, lps

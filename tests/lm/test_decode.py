@@ -259,3 +259,38 @@ def test_gold_in_the_generation_pass_is_nan_past_the_context_and_refuses_hf(tiny
     assert np.isnan(lps[0]) and np.isfinite(lps[1])
     with pytest.raises(ValueError, match="lean decoder"):
         Generator(model, tok, 4, stop="\n", engine="hf").generate_with_gold(["a:"], [" b"])
+
+
+def test_bf16_decoding_over_the_whole_cache_equals_the_filled_slice(tiny_smol, monkeypatch):
+    """bf16 decode steps attend over the whole preallocated cache (contiguous; the slots not yet filled are masked,
+    some hold gold keys that were never marked valid): predictions and gold log-probs equal those of attending over
+    the filled slice only, with rows dropped while decoding. The spy checks that each path ran as claimed."""
+    import copy
+
+    import epr.lm.decode as dec
+
+    model, tok = tiny_smol
+    m16 = copy.deepcopy(model).to(torch.bfloat16)
+    prompts = _prompts(30, seed=5)
+    rng = np.random.default_rng(6)
+    golds = [
+        " " + " ".join(rng.choice(["on", "off", "queen", "kitchen"], int(rng.integers(1, 12))))
+        for _ in prompts
+    ]
+    seen: list[int] = []
+    real = dec.cached_attention
+
+    def spy(q, k, v, mask, scale):
+        seen.append(k.shape[2])
+        return real(q, k, v, mask, scale)
+
+    monkeypatch.setattr(dec, "cached_attention", spy)
+    g = Generator(m16, tok, 20, stop="\n", engine="lean", decode_rows=7)
+    whole = g.generate_with_gold(prompts, golds)
+    whole_spans = set(seen)
+    seen.clear()
+    monkeypatch.setattr(dec.LeanDecoder, "WHOLE_CACHE_DTYPES", ())
+    sliced = g.generate_with_gold(prompts, golds)
+    assert whole[0] == sliced[0]
+    np.testing.assert_array_equal(whole[1], sliced[1])
+    assert len(set(seen)) > len(whole_spans)  # the slice grows step by step; the whole cache has a few sizes
