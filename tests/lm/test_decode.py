@@ -294,3 +294,19 @@ def test_bf16_decoding_over_the_whole_cache_equals_the_filled_slice(tiny_smol, m
     assert whole[0] == sliced[0]
     np.testing.assert_array_equal(whole[1], sliced[1])
     assert len(set(seen)) > len(whole_spans)  # the slice grows step by step; the whole cache has a few sizes
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_first_max_index_is_argmax_with_ties(dtype):
+    """The decoder's greedy pick equals ``argmax`` (first index on ties), on logits full of planted ties."""
+    from epr.lm.decode import first_max_index
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 4, (64, 49152), generator=g).to(dtype)  # every row: thousands of tied maxima
+    x[5, 17] = 9
+    x[5, 40000] = 9
+    assert torch.equal(first_max_index(x), x.argmax(-1))
+    assert first_max_index(x)[5] == 17
+    first = [int((row == row.max()).nonzero()[0]) for row in x]  # independently: the smallest maximal index
+    assert first_max_index(x).tolist() == first
+    assert x.max(-1).values.eq(x[torch.arange(64), first_max_index(x)]).all()
