@@ -39,6 +39,7 @@ sys.path.insert(0, str(ROOT))
 
 from epr import pipeline  # noqa: E402
 from epr.artifacts import atomic_write_text  # noqa: E402
+from epr.cache import read_manifest  # noqa: E402
 from epr.config import load_config  # noqa: E402
 from epr.context import Context  # noqa: E402
 from epr.reports.curve import (  # noqa: E402  (the rows' math and files; re-exported for scripts/curve_diagnose.py)
@@ -229,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     base = ctx_for(a, a.name, f"candidates.num_queries={sizes[-1]}")
     pipeline.run(base, until="labels")
     log.info("labels for %d training examples ready (%.0f s)", sizes[-1], time.time() - t0)
-    sm = json.loads((base.stage_dir("scores") / "manifest.json").read_text())
+    sm = read_manifest(base.stage_dir("scores"))
     a.labels_info = {"sequences": sm["rows"]["sequences"], "speed": sm.get("scoring_speed")}
 
     metric = DenseMetric(base)
@@ -242,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
         r = cached_row(rows_dir / f"{name}.json", key, lambda: metric(ctx, retriever))
         best = None
         if loss is not None:  # a learned row: which epoch its encoder is (train.best_by may keep epoch 0)
-            best = json.loads((ctx.stage_dir("encoder") / "manifest.json").read_text()).get("best_epoch")
+            best = read_manifest(ctx.stage_dir("encoder")).get("best_epoch")
         row = {
             "name": name,
             "retriever": name.split("@")[0],

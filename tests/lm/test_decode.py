@@ -294,6 +294,13 @@ def test_bf16_decoding_over_the_whole_cache_equals_the_filled_slice(tiny_smol, m
     assert whole[0] == sliced[0]
     np.testing.assert_array_equal(whole[1], sliced[1])
     assert len(set(seen)) > len(whole_spans)  # the slice grows step by step; the whole cache has a few sizes
+    # negative control: over the whole cache the mask is what keeps out the unfilled and gold-only slots
+    monkeypatch.setattr(dec.LeanDecoder, "WHOLE_CACHE_DTYPES", (torch.bfloat16,))
+    monkeypatch.setattr(
+        dec, "cached_attention", lambda q, k, v, mask, scale: real(q, k, v, mask | True, scale)
+    )
+    unmasked = g.generate_with_gold(prompts, golds)
+    assert unmasked[0] != sliced[0] or not np.array_equal(unmasked[1], sliced[1])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
