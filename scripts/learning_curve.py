@@ -136,13 +136,21 @@ def row_key(ctx: Context, retriever: str, fp: str, n: int) -> dict:
     }
 
 
-def cached_row(path: Path, key: dict, compute) -> dict:
-    """A row file reused while its key (what it was computed from) is unchanged."""
+def row_cached(path: Path, key: dict) -> dict | None:
+    """The row file at ``path`` if it was computed from ``key`` (what the row depends on), else None."""
     key = json.loads(json.dumps(key))  # as the file holds it (tuples as lists)
     if path.exists():
         row = json.loads(path.read_text())
         if row.get("key") == key:
             return row
+    return None
+
+
+def cached_row(path: Path, key: dict, compute) -> dict:
+    """A row file reused while its key (what it was computed from) is unchanged."""
+    if (row := row_cached(path, key)) is not None:
+        return row
+    key = json.loads(json.dumps(key))
     t = time.time()
     row = {"key": key, **compute(), "seconds": round(time.time() - t, 1)}
     atomic_write_text(path, json.dumps(row) + "\n")  # a kill mid-write leaves the old row or none
@@ -240,10 +248,11 @@ def main(argv: list[str] | None = None) -> int:
         retriever: str, loss: str | None, labels: int | None, ctx: Context, name: str, fp: str, seed=None
     ) -> dict:
         key = row_key(ctx, retriever, fp, len(metric.ev))
-        r = cached_row(rows_dir / f"{name}.json", key, lambda: metric(ctx, retriever))
         best = None
-        if loss is not None:  # a learned row: which epoch its encoder is (train.best_by may keep epoch 0)
-            best = read_manifest(ctx.stage_dir("encoder")).get("best_epoch")
+        if loss is not None and (m := read_manifest(ctx.stage_dir("encoder"))) is not None:
+            best = m.get("best_epoch")  # a learned row: which epoch its encoder is (best_by may keep epoch 0)
+        r = cached_row(rows_dir / f"{name}.json", key, lambda: {**metric(ctx, retriever), "best_epoch": best})
+        best = best if best is not None else r.get("best_epoch")  # a reused row carries its encoder's epoch
         row = {
             "name": name,
             "retriever": name.split("@")[0],
@@ -278,11 +287,17 @@ def main(argv: list[str] | None = None) -> int:
         for loss in losses:
             for seed in seeds:
                 c = curve_ctx(a, n, loss, seed)
-                t = time.time()
-                pipeline.run(c, until="encoder")
-                log.info("trained %d-%s seed %d (%.0f s)", n, loss, seed, time.time() - t)
-                runs[(n, loss, seed)] = c
                 fp = pipeline.stage_fingerprint(c, "encoder")
+                needs_em = a.em == "all" or (a.em != "none" and n == sizes[-1])
+                files = [(rows_dir / f"{seeded(f'{r}@{n}-{loss}', seed)}.json", r) for r in learned]
+                if not needs_em and all(row_cached(f, row_key(c, r, fp, len(metric.ev))) for f, r in files):
+                    # every row of this encoder is on disk (e.g. committed): adding seeds does not retrain it
+                    log.info("%d-%s seed %d: rows reused from %s, not trained again", n, loss, seed, rows_dir)
+                else:
+                    t = time.time()
+                    pipeline.run(c, until="encoder")
+                    log.info("trained %d-%s seed %d (%.0f s)", n, loss, seed, time.time() - t)
+                    runs[(n, loss, seed)] = c
                 for r in learned:
                     add(r, loss, n, c, seeded(f"{r}@{n}-{loss}", seed), fp, seed)
             for r in learned:

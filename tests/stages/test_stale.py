@@ -251,6 +251,24 @@ def test_curve_row_key_sees_what_the_row_depends_on(curve, tmp_path, retriever, 
     assert key(change) != key()
 
 
+def test_curve_rows_are_reused_only_under_their_own_key(curve, tmp_path):
+    """A row on disk (computed, or committed) is served for the key it was computed from and recomputed for any
+    other; the script skips a seed's training only when every learned row of it is served this way."""
+    calls = []
+
+    def compute():
+        calls.append(1)
+        return {"gold_logprob": -1.5, "best_epoch": 1}
+
+    f, k = tmp_path / "hybrid@2000-distill-s1.json", {"fp": "abc", "n": 3, "retrieve": ("x",)}
+    assert curve.row_cached(f, k) is None
+    first = curve.cached_row(f, k, compute)
+    assert curve.row_cached(f, k) == first and first["best_epoch"] == 1
+    assert curve.cached_row(f, k, compute) == first and len(calls) == 1  # served, not computed again
+    assert curve.row_cached(f, {**k, "fp": "other"}) is None  # another encoder: not this row
+    assert curve.cached_row(f, {**k, "n": 4}, compute)["key"]["n"] == 4 and len(calls) == 2
+
+
 @pytest.mark.parametrize(
     "retrievers,deps",
     [
