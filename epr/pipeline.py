@@ -47,6 +47,17 @@ class Stage:
     distributed: bool = False  # every process runs it (else: the main process only)
 
 
+# Options added after runs were made whose default reproduces what the code did before them: left out of a stage's
+# keys while at that default, so that adding an option does not orphan every trained encoder and cached row.
+ADDED_DEFAULTS: dict[str, dict[str, object]] = {"train": {"demo_fields": "input_output"}}
+
+
+def section_keys(ctx: Context, name: str) -> dict:
+    """Config section ``name`` as a stage's keys: every field, except added options at their neutral default."""
+    neutral = ADDED_DEFAULTS.get(name, {})
+    return {k: v for k, v in ctx.cfg.section(name).items() if k not in neutral or neutral[k] != v}
+
+
 def _const(*deps: str):
     return lambda ctx: deps
 
@@ -182,7 +193,7 @@ STAGES: dict[str, Stage] = {
         Stage(
             "encoder",
             _const("labels"),
-            lambda c: {"train": c.cfg.section("train"), "encoder": c.cfg.models.encoder},
+            lambda c: {"train": section_keys(c, "train"), "encoder": c.cfg.models.encoder},
             encoder.run_encoder,
             distributed=True,
         ),

@@ -251,6 +251,24 @@ def test_curve_row_key_sees_what_the_row_depends_on(curve, tmp_path, retriever, 
     assert key(change) != key()
 
 
+def test_an_added_option_at_its_neutral_default_keeps_the_fingerprint(tmp_path):
+    """train.demo_fields came after encoders were trained; at its default (what the code did before it) it is left
+    out of the encoder's keys, so those encoders and their rows stay valid; any other value changes them."""
+
+    def fp(*extra):
+        cfg = load_config([], [f"run_root={tmp_path}", "data.task=demo", *extra])
+        return pipeline.stage_fingerprint(Context(cfg), "encoder")
+
+    base = fp()
+    assert "demo_fields" not in pipeline.section_keys(Context(load_config([], ["data.task=demo"])), "train")
+    assert fp("train.demo_fields=input_output") == base
+    assert fp("train.demo_fields=input") != base and fp("train.max_length=32") != base  # negative controls
+    for section, fields in pipeline.ADDED_DEFAULTS.items():  # each listed default is the option's own default
+        cfg = load_config([], ["data.task=demo"])
+        for k, v in fields.items():
+            assert cfg.section(section)[k] == v
+
+
 def test_curve_rows_are_reused_only_under_their_own_key(curve, tmp_path):
     """A row on disk (computed, or committed) is served for the key it was computed from and recomputed for any
     other; the script skips a seed's training only when every learned row of it is served this way."""
