@@ -253,14 +253,19 @@ class GenerateConfig:
 
     max_new_tokens: int = opt(96, "tokens generated per answer at most")
     batch_size: int = opt(8, "transformers' generate (engine hf, and models the lean decoder does not cover)")
-    chunk_size: int = opt(64, "prompts per resumable chunk")
+    chunk_size: int = opt(
+        256,
+        "prompts per resumable chunk (the lean decoder batches continuously within a chunk: fewer than ~4x decode_rows leave its steps with few rows)",
+    )
     engine: str = opt(
         "auto",
         "auto: the lean decoder (epr/lm/decode.py) where it covers the model, else hf; lean: the lean decoder or an "
         "error; hf: transformers' generate",
         ("auto", "lean", "hf"),
     )
-    decode_rows: int = opt(64, "lean decoder: rows decoded together")
+    decode_rows: int = opt(
+        64, "lean decoder: rows decoded together at most (groups of a quarter join as rows finish)"
+    )
     prefill_tokens: int = opt(8192, "lean decoder: padded prompt tokens per prefill slice")
 
 

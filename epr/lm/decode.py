@@ -1,18 +1,19 @@
 """A lean greedy decoder for the LMs :class:`epr.lm.fastlm.FastLlama` covers (SmolLM2 and other Llama-style models).
 
 ``transformers``' ``generate`` is written for every decoding strategy; exact-match rows need one: greedy, stopping at
-the task's end marker. Per batch of prompts (sorted by token length, so that little is padding):
+the task's end marker. The prompts are sorted by token length and decoded by **continuous batching**:
 
-1. **Prefill**: the right-padded prompts go through the fused forward once; their keys and values are written into a
-   preallocated cache ``(B, kv_heads, P + max_new_tokens, head_dim)`` per layer, and only each prompt's last
-   position goes through the LM head.
-2. **Decode**: one token per row and step. Row ``b``'s new key/value goes into the step's shared slot ``P + s`` with
-   its own rotary position ``len_b + s``; a boolean mask keeps each row to its prompt's positions and its generated
-   slots (attention does not care where in the cache a key sits, only about its rotary position).
+1. **Prefill**: a small group of prompts (a quarter of ``max_rows``) goes through the fused forward once, right-padded,
+   into free rows of a preallocated cache ``(rows, kv_heads, slots, head_dim)`` per layer; only each prompt's last
+   position goes through the LM head (and, for the predict stage, the gold answer runs over the cached prompt).
+2. **Decode**: one token for every active row per step. Row ``r``'s new key/value goes into its own next slot, right
+   after its prompt and earlier tokens (slot = rotary position); a boolean mask keeps each row to its own slots.
 3. **Stop** on token ids: a table built once from the vocabulary says which tokens contain the stop string (stop
    there) and which could complete one that spans tokens (then the row's generated text is decoded and
-   checked). End-of-sequence tokens stop a row too. Finished rows are dropped from the cache once half a batch is
-   done, and a batch ends when every row has stopped.
+   checked). End-of-sequence tokens stop a row too. A finished row leaves at once (the last active rows move into
+   its place, so the active rows stay rows ``0:n``), and the next group is prefilled into the free rows: the
+   steps keep many rows, where small products of a few rows would run far below the matmul peak. The cache
+   grows (slots) when a longer group arrives, within ``max_rows x 512`` token slots.
 
 In fp32 the outputs equal ``transformers``' greedy ``generate`` (tested on the packaged SmolLM2 and tiny models);
 in bf16 they may differ where two tokens' logits are within rounding of each other, as any two bf16 forwards may.
@@ -160,14 +161,20 @@ class _Cache:
         self.v = [torch.zeros(B, Hkv, S, D, dtype=dtype, device=device) for _ in range(n_layers)]
         self.valid = torch.zeros(B, S, dtype=torch.bool, device=device)
 
+    @property
+    def rows(self) -> int:
+        return self.valid.shape[0]
+
+    @property
+    def slots(self) -> int:
+        return self.valid.shape[1]
+
     def attend(
         self, fast: FastLlama, lo: int, hi: int, mask: torch.Tensor | None, r0: int = 0, r1=None, span=None
     ):
-        """Attention that writes the new keys/values of rows ``r0:r1`` into slots ``lo:hi`` and attends over slots
-        ``:span`` (default ``:hi``) under ``mask`` (``None``: a prefill from slot 0, causal among the new tokens).
-        ``span`` = every slot reads the whole cache, contiguous in memory: a slice ``:hi`` of it is strided, and
-        the batched products copied it on every layer and step (bf16: twice the attention's time); the extra
-        slots are masked and hold zeros or keys never marked valid, so their weight is exactly 0."""
+        """Attention that writes the new keys/values of rows ``r0:r1`` into slots ``lo:hi`` and lets those rows
+        attend over slots ``:span`` (default ``:hi``) under ``mask`` (``None``: a prefill from slot 0, causal among
+        the new tokens)."""
         end = hi if span is None else span
 
         def fn(li, q, k, v):
@@ -175,14 +182,46 @@ class _Cache:
             self.v[li][r0:r1, :, lo:hi] = v
             if mask is None:
                 return fast.causal(li, q, k, v)
-            return cached_attention(q, self.k[li][:, :, :end], self.v[li][:, :, :end], mask, fast.scale)
+            return cached_attention(
+                q, self.k[li][r0:r1, :, :end], self.v[li][r0:r1, :, :end], mask, fast.scale
+            )
 
         return fn
 
-    def keep(self, rows: torch.Tensor) -> None:
-        self.k = [k.index_select(0, rows) for k in self.k]
-        self.v = [v.index_select(0, rows) for v in self.v]
-        self.valid = self.valid.index_select(0, rows)
+    def attend_step(self, fast: FastLlama, slots: torch.Tensor, mask: torch.Tensor, span: int):
+        """One decoding step of rows ``0:n`` (``n = len(slots)``): row ``r``'s new key/value goes into its own slot
+        ``slots[r]``, and the rows attend over slots ``:span`` under ``mask (n, 1, 1, span)``. ``span`` = the whole
+        cache is contiguous in memory; a shorter slice is strided, and the batched products copy it on every
+        layer and step (bf16: twice the attention's time). Slots past a row's filled ones are masked and hold
+        zeros or finite keys of earlier rows or gold tokens, so their weight is exactly 0."""
+        n = len(slots)
+        rows = torch.arange(n, device=slots.device)
+
+        def fn(li, q, k, v):
+            self.k[li][rows, :, slots] = k[:, :, 0]
+            self.v[li][rows, :, slots] = v[:, :, 0]
+            return cached_attention(q, self.k[li][:n, :, :span], self.v[li][:n, :, :span], mask, fast.scale)
+
+        return fn
+
+    def move(self, src: list[int], dst: list[int]) -> None:
+        """Copy rows ``src`` into rows ``dst`` (every slot): how finished rows' places are refilled."""
+        if not src:
+            return
+        s = torch.tensor(src, dtype=torch.long, device=self.valid.device)
+        d = torch.tensor(dst, dtype=torch.long, device=self.valid.device)
+        for t in self.k + self.v:
+            t.index_copy_(0, d, t.index_select(0, s))
+        self.valid.index_copy_(0, d, self.valid.index_select(0, s))
+
+    def grown(self, B: int, S: int, n: int) -> _Cache:
+        """A cache of ``B`` rows and ``S >= self.slots`` slots holding this one's first ``n`` rows."""
+        k0 = self.k[0]
+        new = _Cache(len(self.k), B, k0.shape[1], S, k0.shape[3], k0.dtype, k0.device)
+        for a, b in zip(new.k + new.v, self.k + self.v):
+            a[:n, :, : self.slots] = b[:n]
+        new.valid[:n, : self.slots] = self.valid[:n]
+        return new
 
 
 class LeanDecoder:
@@ -247,13 +286,7 @@ class LeanDecoder:
             max(self.max_new_tokens, len(golds[i]) if golds is not None else 0) for i in range(len(prompts))
         ]
         need = [len(p) + e for p, e in zip(prompts, extra)]
-        for batch in length_batches(need, self.max_rows, self.cache_tokens):
-            g = None if golds is None else [golds[i] for i in batch]
-            ids, lp = self._batch([prompts[i] for i in batch], g)
-            for j, i in enumerate(batch):
-                out[i] = ids[j]
-                if lps is not None:
-                    lps[i] = lp[j]
+        self._stream(prompts, golds, need, out, lps)
         release_free_memory()
         return out, lps
 
@@ -263,10 +296,12 @@ class LeanDecoder:
         AMX cores: 3.4 vs 8.8 ms, once per decoding step)."""
         return first_max_index(self.head(h))
 
-    def _gold_logprobs(self, cache: _Cache, last: torch.Tensor, lens, P: int, golds) -> np.ndarray:
+    def _gold_logprobs(
+        self, cache: _Cache, last: torch.Tensor, lens, P: int, golds, r0: int = 0
+    ) -> np.ndarray:
         """Summed log-probs of each row's gold tokens after its prompt: the first from the prompt's last hidden
-        state ``last (B, H)`` (final-normed), the rest from the gold tokens run over the cached prompt (slots from
-        ``P``; decoding overwrites them later, and they are never marked valid)."""
+        state ``last (B, H)`` (final-normed), the rest from the gold tokens run over the cached prompt of cache rows
+        ``r0:r0 + B`` (slots from ``P``; decoding overwrites them later, and they are never marked valid)."""
         fast, dev = self.fast, self.device
         B = len(golds)
         first = torch.tensor([g[0] for g in golds], device=dev)
@@ -281,9 +316,10 @@ class LeanDecoder:
             j = torch.arange(G, device=dev)
             causal = j[None, :] <= j[:, None]  # (G, G): gold query i sees gold keys <= i
             mask = torch.cat(
-                [cache.valid[:, None, :P].expand(B, G, P), causal[None].expand(B, G, G)], dim=-1
+                [cache.valid[r0 : r0 + B, None, :P].expand(B, G, P), causal[None].expand(B, G, G)], dim=-1
             )[:, None]  # (B, 1, G, P + G)
-            h = fast.stack(ids, lens[:, None] + j[None], cache.attend(fast, P, P + G, mask), final_norm=True)
+            at = cache.attend(fast, P, P + G, mask, r0, r0 + B)
+            h = fast.stack(ids, lens[:, None] + j[None], at, final_norm=True)
             rows = torch.cat([torch.full((len(g) - 1,), r) for r, g in enumerate(golds)]).to(dev)
             cols = torch.cat([torch.arange(len(g) - 1) for g in golds]).to(dev)
             labels = torch.cat([torch.as_tensor(g[1:], dtype=torch.long) for g in golds]).to(dev)
@@ -297,23 +333,121 @@ class LeanDecoder:
             out[too_long] = np.nan
         return out
 
-    def _batch(self, prompts: list[Sequence[int]], golds=None) -> tuple[list[list[int]], np.ndarray | None]:
-        fast, dev = self.fast, self.device
+    def _stream(self, prompts, golds, need: list[int], out: list[list[int]], lps) -> None:
+        """Continuous batching: prompts enter a decoding pool of at most ``max_rows`` rows in small length-sorted
+        groups (each prefilled into free rows, its gold log-probs read off that prefill), every step decodes one
+        token for every active row, and a finished row's place is refilled by the next group, so the steps keep
+        many rows (the small products of a few rows run far below the matmul peak) until the last group drains.
+        The active rows are rows ``0:n`` of the cache (finished ones are replaced by the last active rows), and
+        row ``r``'s generated tokens sit right after its prompt, at slot = rotary position."""
+        fast, dev, st = self.fast, self.device, self.stats
+        dtype = fast.final_w.dtype
+        whole = dtype in self.WHOLE_CACHE_DTYPES  # see _Cache.attend_step
+        group_rows = max(
+            1, self.max_rows // 4
+        )  # groups join while others decode: a quarter of the pool at a time
+        groups = length_batches(need, group_rows, self.cache_tokens)
+        gold_len = [0] * len(prompts) if golds is None else [len(g) for g in golds]
+        cache: _Cache | None = None
+        idx: list[int] = []  # prompt index of each active row
+        slot = torch.zeros(0, dtype=torch.long, device=dev)  # where each active row's next token goes
+        nxt = torch.zeros(0, dtype=torch.long, device=dev)  # each active row's next input token
+        gi = 0
+
+        def fits(group: list[int]) -> tuple[int, int]:
+            """Slots a group needs (prompt + generation, or prompt + gold for the gold pass) and the rows a cache
+            of that many slots may hold."""
+            P = max(len(prompts[i]) for i in group)
+            S = P + max(self.max_new_tokens, max(gold_len[i] for i in group))
+            return S, max(len(group), min(self.max_rows, self.cache_tokens // S))
+
+        while gi < len(groups) or idx:
+            # 1. admit the next groups while they fit beside the active rows
+            while gi < len(groups):
+                group = sorted(groups[gi], key=lambda i: len(prompts[i]))  # slices: contiguous runs
+                S, R = fits(group)
+                if cache is not None:
+                    S = max(S, cache.slots)
+                    R = max(len(group), min(self.max_rows, self.cache_tokens // S))
+                n = len(idx)
+                if n + len(group) > R:
+                    break  # decode on; finished rows make room
+                if cache is None or S > cache.slots or R > cache.rows:
+                    cache = (
+                        _Cache(len(fast.layers), R, fast.Hkv, S, fast.D, dtype, dev)
+                        if cache is None
+                        else cache.grown(R, S, n)
+                    )
+                first = self._prefill(cache, n, [prompts[i] for i in group], group, golds, lps)
+                gi += 1
+                keep = []
+                for j, (i, t) in enumerate(zip(group, first.tolist())):
+                    if self._take(out[i], t):
+                        keep.append(j)
+                rows = [n + j for j in keep]
+                cache.move(
+                    rows, list(range(n, n + len(rows)))
+                )  # admitted rows that go on, packed after the active
+                idx += [group[j] for j in keep]
+                lens = torch.tensor([len(prompts[group[j]]) for j in keep], dtype=torch.long, device=dev)
+                slot = torch.cat([slot, lens])
+                nxt = torch.cat([nxt, first[keep] if keep else first[:0]])
+            if not idx:
+                continue
+            # 2. one decoding step for every active row
+            n = len(idx)
+            cache.valid[torch.arange(n, device=dev), slot] = True
+            span = cache.slots if whole else int(slot.max()) + 1
+            mask = cache.valid[:n, None, None, :span]
+            st["decode_steps"] += 1
+            st["decode_rows"] += n
+            h = fast.stack(
+                nxt[:, None], slot[:, None], cache.attend_step(fast, slot, mask, span), final_norm=True
+            )
+            nxt = self._logits_argmax(h[:, 0])
+            slot = slot + 1
+            # 3. finished rows leave; the last active rows take their places
+            go_on = [self._take(out[i], t) for i, t in zip(idx, nxt.tolist())]
+            if not all(go_on):
+                live = [r for r, g in enumerate(go_on) if g]
+                m = len(live)
+                src = [r for r in live if r >= m]
+                dst = [r for r in range(m) if not go_on[r]]
+                cache.move(src, dst)
+                order = list(range(m))
+                for s_, d_ in zip(src, dst):
+                    order[d_] = s_
+                o = torch.tensor(order, dtype=torch.long, device=dev)
+                idx = [idx[r] for r in order]
+                slot, nxt = slot[o], nxt[o]
+
+    def _take(self, gen: list[int], t: int) -> bool:
+        """Row bookkeeping for its next token ``t``: kept unless an end-of-sequence token; True while the row goes
+        on (no stop string completed, fewer than ``max_new_tokens`` tokens)."""
+        if self.max_new_tokens <= 0 or self.stops.eos[t]:
+            return False
+        gen.append(t)
+        return not self.stops.stopped(t, gen) and len(gen) < self.max_new_tokens
+
+    def _prefill(self, cache: _Cache, r0: int, prompts: list, group: list[int], golds, lps) -> torch.Tensor:
+        """Prefill a length-sorted group into cache rows ``r0:r0 + len(prompts)`` (in slices of at most
+        ``max_tokens`` padded tokens); its gold log-probs into ``lps``. Returns each row's first greedy token."""
+        fast, dev, st = self.fast, self.device, self.stats
         B = len(prompts)
         lens = torch.tensor([len(p) for p in prompts], dtype=torch.long, device=dev)
         if int(lens.min()) == 0:
             raise ValueError("an empty prompt (no tokens) cannot be continued")
         P = int(lens.max())
-        dtype = fast.final_w.dtype
-        G = 0 if golds is None else max(len(g) for g in golds)
-        cache = _Cache(len(fast.layers), B, fast.Hkv, P + max(self.max_new_tokens, G), fast.D, dtype, dev)
-        cache.valid[:, :P] = torch.arange(P, device=dev)[None] < lens[:, None]
-        st = self.stats
         st["prompts"] += B
         st["prompt_tokens"] += int(lens.sum())
-        # prefill in slices of at most max_tokens padded tokens, each into its rows of the group's cache
-        nxt = torch.empty(B, dtype=torch.long, device=dev)
-        last_h = None if golds is None else torch.empty(B, fast.final_w.shape[0], dtype=dtype, device=dev)
+        cache.valid[r0 : r0 + B] = False
+        cache.valid[r0 : r0 + B, :P] = torch.arange(P, device=dev)[None] < lens[:, None]
+        first = torch.empty(B, dtype=torch.long, device=dev)
+        last_h = (
+            None
+            if golds is None
+            else torch.empty(B, fast.final_w.shape[0], dtype=cache.k[0].dtype, device=dev)
+        )
         for sl in length_batches(lens.tolist(), B, self.max_tokens):
             lo, hi = min(sl), max(sl) + 1  # the group is sorted by length: a slice is a contiguous run
             Ps = int(lens[lo:hi].max())
@@ -324,55 +458,15 @@ class LeanDecoder:
             h = fast.stack(
                 ids,
                 torch.arange(Ps, device=dev)[None],
-                cache.attend(fast, 0, Ps, None, lo, hi),
+                cache.attend(fast, 0, Ps, None, r0 + lo, r0 + hi),
                 final_norm=False,
             )
             last = fast.final_norm(h[torch.arange(hi - lo, device=dev), lens[lo:hi] - 1])
-            nxt[lo:hi] = self._logits_argmax(last)
+            first[lo:hi] = self._logits_argmax(last)
             if last_h is not None:
                 last_h[lo:hi] = last
-        lps = None if golds is None else self._gold_logprobs(cache, last_h, lens, P, golds)
-        if self.max_new_tokens <= 0:
-            return [[] for _ in range(B)], lps
-
-        # bf16: decode steps attend over the whole (contiguous) cache, measured 2x faster per attention than a
-        # strided slice; fp32 keeps the slice, whose sums are the ones the equality tests with transformers hold
-        whole = dtype in self.WHOLE_CACHE_DTYPES
-        rows = list(range(B))  # batch position of each cache row
-        gen: list[list[int]] = [[] for _ in range(B)]
-        active = [True] * B
-        for step in range(self.max_new_tokens):
-            toks = nxt.tolist()
-            for r, t in enumerate(toks):
-                if not active[r]:
-                    continue
-                b = rows[r]
-                if self.stops.eos[t]:
-                    active[r] = False
-                    continue
-                gen[b].append(t)
-                if self.stops.stopped(t, gen[b]):
-                    active[r] = False
-            n_active = sum(active)
-            if n_active == 0 or step == self.max_new_tokens - 1:
-                break
-            if n_active <= len(rows) // 2:  # drop finished rows: later steps run on the rest only
-                kept = [r for r, a in enumerate(active) if a]
-                keep = torch.tensor(kept, dtype=torch.long, device=dev)
-                cache.keep(keep)
-                rows = [rows[r] for r in kept]
-                nxt, lens = nxt[keep], lens[keep]
-                active = [True] * len(rows)
-            slot = P + step
-            cache.valid[:, slot] = True
-            span = cache.valid.shape[1] if whole else slot + 1
-            mask = cache.valid[:, None, None, :span]
-            pos = (lens + step)[:, None]
-
-            st["decode_steps"] += 1
-            st["decode_rows"] += len(rows)
-            h = fast.stack(
-                nxt[:, None], pos, cache.attend(fast, slot, slot + 1, mask, span=span), final_norm=True
-            )
-            nxt = self._logits_argmax(h[:, 0])
-        return gen, lps
+        if golds is not None:
+            lp = self._gold_logprobs(cache, last_h, lens, P, [golds[i] for i in group], r0)
+            for j, i in enumerate(group):
+                lps[i] = lp[j]
+        return first

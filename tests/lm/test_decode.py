@@ -73,6 +73,46 @@ def test_lean_equals_hf_greedy_with_mixed_lengths_slices_and_dropped_rows(tiny_s
     assert lean_big == hf
 
 
+def test_continuous_batching_refills_rows_grows_the_cache_and_equals_hf(tiny_smol, monkeypatch):
+    """Prompts of widely different lengths through a pool of 8 rows: groups join while others decode (finished
+    rows' places refilled), the cache grows when longer groups arrive, every step runs more rows than dropping
+    finished rows would leave, and the strings are transformers' (fp32) value for value. Negative control: a
+    move that forgets to copy the keys (rows left with another row's cache) changes the outputs."""
+    import epr.lm.decode as dec
+
+    model, tok = tiny_smol
+    rng = np.random.default_rng(7)
+    words = "turn on the lights in kitchen set alarm for 7 am play music by queen".split()
+    prompts = [" ".join(rng.choice(words, int(k))) + ":" for k in rng.integers(1, 120, 48)]
+    calls = {"grown": 0, "moved": 0}
+    grown, move = dec._Cache.grown, dec._Cache.move
+
+    def spy_grown(self, *a):
+        calls["grown"] += 1
+        return grown(self, *a)
+
+    def spy_move(self, src, dst):
+        calls["moved"] += len(src)
+        return move(self, src, dst)
+
+    monkeypatch.setattr(dec._Cache, "grown", spy_grown)
+    monkeypatch.setattr(dec._Cache, "move", spy_move)
+    hf, lean, g = _both(model, tok, prompts, "\n", max_new=20, decode_rows=8, prefill_tokens=300)
+    assert lean == hf
+    st = g.lean.stats
+    assert calls["grown"] >= 1 and calls["moved"] > 0
+    assert st["decode_rows"] / st["decode_steps"] > 4  # refilled: most steps run on a nearly full pool
+
+    def forgetful(self, src, dst):  # the bookkeeping moves, the keys and values do not
+        if src:
+            s_, d_ = torch.tensor(src), torch.tensor(dst)
+            self.valid.index_copy_(0, d_, self.valid.index_select(0, s_))
+
+    monkeypatch.setattr(dec._Cache, "move", forgetful)
+    broken = Generator(model, tok, 20, stop="\n", engine="lean", decode_rows=8, prefill_tokens=300)
+    assert broken.generate(prompts) != hf
+
+
 def test_lean_equals_hf_on_the_tiny_bert_tokenizer_model(tiny_lm):
     model, tok = tiny_lm  # a wordpiece vocabulary without a newline: both generate max_new_tokens and cut
     prompts = ["turn on the lights", "a", "dim the garage lights please now", "set an alarm"]
