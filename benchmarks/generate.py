@@ -73,7 +73,14 @@ def rss_mb() -> float:
 
 
 def worker(
-    engine: str, dtype: str, prompts_file: str, out_file: str, hf_batch: int, max_new: int, limit: int
+    engine: str,
+    dtype: str,
+    prompts_file: str,
+    out_file: str,
+    hf_batch: int,
+    max_new: int,
+    limit: int,
+    chunk: int,
 ) -> None:
     import torch
 
@@ -82,7 +89,6 @@ def worker(
 
     prompts = json.loads(Path(prompts_file).read_text())[: limit or None]
     rec: dict = {"engine": engine, "dtype": dtype, "rss_mb_after_chunk": [], "chunk_seconds": []}
-    chunk = 100
     if engine == "serve":
         from epr.lm.llamacpp_server import launch
         from epr.lm.served import OpenAIServer, ServerGenerator
@@ -177,7 +183,10 @@ def limits(dtype: str, stats: dict) -> dict:
         2 * 2 * c.num_hidden_layers * c.hidden_size * T / 2
     )  # per token: scores + weighted sum, causal half
     prefill_s = stats["prompt_tokens"] * (2 * body + attn) / peak + stats["prompts"] * 2 * head / peak
-    decode_s = stats["decode_steps"] * (body + head) * el / bw
+    # each step reads every weight once, and every row of it costs 2 x params FLOPs: the larger total bounds it
+    decode_read_s = stats["decode_steps"] * (body + head) * el / bw
+    decode_flop_s = stats["decode_rows"] * 2 * (body + head) / peak
+    decode_s = max(decode_read_s, decode_flop_s)
     return {
         "matmul_tflops": peak / 1e12,
         "memory_gbps": bw / 1e9,
@@ -185,10 +194,14 @@ def limits(dtype: str, stats: dict) -> dict:
         "head_params": head,
         "prefill_bound_s": prefill_s,
         "decode_bound_s": decode_s,
+        "decode_read_bound_s": decode_read_s,
+        "decode_flop_bound_s": decode_flop_s,
     }
 
 
 def main() -> None:
+    from epr.config_sections import GenerateConfig
+
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=1000)
     ap.add_argument("--dtypes", default="fp32,bf16")
@@ -201,6 +214,12 @@ def main() -> None:
         "speed-up compares both engines on those prompts, chunk by chunk",
     )
     ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument(
+        "--chunk",
+        type=int,
+        default=GenerateConfig().chunk_size,
+        help="prompts per generate call (default: the predict stage's generate.chunk_size)",
+    )
     ap.add_argument("--data-dir", default=str(ROOT.parent / "shared/data"))
     ap.add_argument("--tag", default="")
     ap.add_argument(
@@ -217,7 +236,7 @@ def main() -> None:
     if a.worker:
         engine, dtype, files = a.worker
         pf, of = files.split(",")
-        return worker(engine, dtype, pf, of, a.hf_batch, a.max_new_tokens, a.limit)
+        return worker(engine, dtype, pf, of, a.hf_batch, a.max_new_tokens, a.limit, a.chunk)
 
     from benchmarks.common import describe, machine, save
 
@@ -234,6 +253,10 @@ def main() -> None:
     pf.write_text(json.dumps(prompts))
     runs: dict[str, dict] = {}
     hf_limit = {d: int(n) for d, n in (x.split("=") for x in a.hf_limit.split(",") if x)}
+    if any(n % a.chunk for n in hf_limit.values()):
+        ap.error(
+            f"--hf-limit {a.hf_limit}: each limit must be a multiple of --chunk {a.chunk} (compared chunk by chunk)"
+        )
     for dtype in a.dtypes.split(","):
         for engine in a.engines.split(","):
             if engine == "serve" and dtype != a.dtypes.split(",")[0]:
@@ -241,6 +264,7 @@ def main() -> None:
             of = tmp / f"{engine}-{dtype}.json"
             cmd = [sys.executable, "-m", "benchmarks.generate", "--worker", engine, dtype, f"{pf},{of}"]
             cmd += ["--hf-batch", str(a.hf_batch), "--max-new-tokens", str(a.max_new_tokens)]
+            cmd += ["--chunk", str(a.chunk)]
             if engine == "hf" and dtype in hf_limit:
                 cmd += ["--limit", str(hf_limit[dtype])]
             subprocess.run(cmd, check=True, cwd=ROOT)
@@ -292,7 +316,9 @@ def main() -> None:
         f"- {d}: matmul peak {runs[f'lean-{d}']['limits']['matmul_tflops']:.2f} TFLOP/s, memory "
         f"{runs[f'lean-{d}']['limits']['memory_gbps']:.1f} GB/s; lean decoder's bounds: prefill "
         f"{runs[f'lean-{d}']['limits']['prefill_bound_s']:.1f} s + decode "
-        f"{runs[f'lean-{d}']['limits']['decode_bound_s']:.1f} s "
+        f"{runs[f'lean-{d}']['limits']['decode_bound_s']:.1f} s (the larger of reading the weights each step, "
+        f"{runs[f'lean-{d}']['limits']['decode_read_bound_s']:.1f} s, and the rows' FLOPs, "
+        f"{runs[f'lean-{d}']['limits']['decode_flop_bound_s']:.1f} s) "
         f"({runs[f'lean-{d}']['lean_stats']['decode_steps']} batched steps)"
         for d in a.dtypes.split(",")
         if f"lean-{d}" in runs
@@ -307,8 +333,8 @@ def main() -> None:
     md = f"""# Exact-match generation: transformers' generate vs the lean decoder (SmolLM2-135M)
 
 Machine: {describe(raw["machine"])}. {len(prompts)} MTOP prompts (the BM25 row of `configs/mtop_curve.yaml`),
-greedy, at most {a.max_new_tokens} new tokens, stop at a newline; HF batches of {a.hf_batch}. Each engine in its own
-process, one after another. `python -m benchmarks.generate {" ".join(sys.argv[1:])}`
+greedy, at most {a.max_new_tokens} new tokens, stop at a newline; HF batches of {a.hf_batch}; {a.chunk} prompts per
+generate call. Each engine in its own process, one after another. `python -m benchmarks.generate {" ".join(sys.argv[1:])}`
 
 | engine | prompts | seconds | prompts/s | prompt+generated tokens/s | EM | peak RSS MB | RSS over the run MB | fraction of limit |
 |---|---|---|---|---|---|---|---|---|
