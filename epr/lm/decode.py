@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from epr.lm.fastlm import FastLlama
+from epr.lm.kv_cache import KVCache
 from epr.lm.scoring import make_batches
 
 __all__ = [
@@ -134,96 +135,6 @@ def first_max_index(x: torch.Tensor) -> torch.Tensor:
     return x.max(-1).indices
 
 
-def cached_attention(q, k, v, mask, scale: float) -> torch.Tensor:
-    """Attention of a few new queries ``q (B, H, T, D)`` over cached ``k, v (B, Hkv, S, D)`` where ``mask (B, 1, T
-    or 1, S)`` is True; query head ``h`` reads key head ``h // (H / Hkv)`` (``repeat_kv``'s grouping). Two batched
-    products and an fp32 softmax: for one query per row this is ~10x faster on CPU than
-    ``scaled_dot_product_attention`` with a mask, and equal to it to float rounding."""
-    B, H, T, D = q.shape
-    Hkv = k.shape[1]
-    G = H // Hkv
-    s = torch.matmul(q.reshape(B, Hkv, G * T, D), k.transpose(-1, -2)).float()
-    s.mul_(scale)
-    m = mask.reshape(B, 1, -1, mask.shape[-1])
-    if m.shape[2] != 1:  # (B, 1, T, S): every query head of a group has the same T rows
-        m = m.expand(B, 1, T, -1).repeat(1, 1, G, 1)
-    s.masked_fill_(~m, float("-inf"))
-    p = torch.softmax(s, dim=-1).to(v.dtype)
-    return torch.matmul(p, v).reshape(B, H, T, D)
-
-
-class _Cache:
-    """Per-layer keys and values ``(B, Hkv, S, D)`` and which slots each row may attend to ``(B, S)``."""
-
-    def __init__(self, n_layers: int, B: int, Hkv: int, S: int, D: int, dtype, device):
-        # zeros, not empty: a masked slot's weight is 0, but 0 x (NaN in uninitialised memory) is NaN
-        self.k = [torch.zeros(B, Hkv, S, D, dtype=dtype, device=device) for _ in range(n_layers)]
-        self.v = [torch.zeros(B, Hkv, S, D, dtype=dtype, device=device) for _ in range(n_layers)]
-        self.valid = torch.zeros(B, S, dtype=torch.bool, device=device)
-
-    @property
-    def rows(self) -> int:
-        return self.valid.shape[0]
-
-    @property
-    def slots(self) -> int:
-        return self.valid.shape[1]
-
-    def attend(
-        self, fast: FastLlama, lo: int, hi: int, mask: torch.Tensor | None, r0: int = 0, r1=None, span=None
-    ):
-        """Attention that writes the new keys/values of rows ``r0:r1`` into slots ``lo:hi`` and lets those rows
-        attend over slots ``:span`` (default ``:hi``) under ``mask`` (``None``: a prefill from slot 0, causal among
-        the new tokens)."""
-        end = hi if span is None else span
-
-        def fn(li, q, k, v):
-            self.k[li][r0:r1, :, lo:hi] = k
-            self.v[li][r0:r1, :, lo:hi] = v
-            if mask is None:
-                return fast.causal(li, q, k, v)
-            return cached_attention(
-                q, self.k[li][r0:r1, :, :end], self.v[li][r0:r1, :, :end], mask, fast.scale
-            )
-
-        return fn
-
-    def attend_step(self, fast: FastLlama, slots: torch.Tensor, mask: torch.Tensor, span: int):
-        """One decoding step of rows ``0:n`` (``n = len(slots)``): row ``r``'s new key/value goes into its own slot
-        ``slots[r]``, and the rows attend over slots ``:span`` under ``mask (n, 1, 1, span)``. ``span`` = the whole
-        cache is contiguous in memory; a shorter slice is strided, and the batched products copy it on every
-        layer and step (bf16: twice the attention's time). Slots past a row's filled ones are masked and hold
-        zeros or finite keys of earlier rows or gold tokens, so their weight is exactly 0."""
-        n = len(slots)
-        rows = torch.arange(n, device=slots.device)
-
-        def fn(li, q, k, v):
-            self.k[li][rows, :, slots] = k[:, :, 0]
-            self.v[li][rows, :, slots] = v[:, :, 0]
-            return cached_attention(q, self.k[li][:n, :, :span], self.v[li][:n, :, :span], mask, fast.scale)
-
-        return fn
-
-    def move(self, src: list[int], dst: list[int]) -> None:
-        """Copy rows ``src`` into rows ``dst`` (every slot): how finished rows' places are refilled."""
-        if not src:
-            return
-        s = torch.tensor(src, dtype=torch.long, device=self.valid.device)
-        d = torch.tensor(dst, dtype=torch.long, device=self.valid.device)
-        for t in self.k + self.v:
-            t.index_copy_(0, d, t.index_select(0, s))
-        self.valid.index_copy_(0, d, self.valid.index_select(0, s))
-
-    def grown(self, B: int, S: int, n: int) -> _Cache:
-        """A cache of ``B`` rows and ``S >= self.slots`` slots holding this one's first ``n`` rows."""
-        k0 = self.k[0]
-        new = _Cache(len(self.k), B, k0.shape[1], S, k0.shape[3], k0.dtype, k0.device)
-        for a, b in zip(new.k + new.v, self.k + self.v):
-            a[:n, :, : self.slots] = b[:n]
-        new.valid[:n, : self.slots] = self.valid[:n]
-        return new
-
-
 class LeanDecoder:
     """Greedy decoding with :class:`FastLlama` and a preallocated KV cache; ``generate_ids(prompts) -> new ids``."""
 
@@ -297,7 +208,7 @@ class LeanDecoder:
         return first_max_index(self.head(h))
 
     def _gold_logprobs(
-        self, cache: _Cache, last: torch.Tensor, lens, P: int, golds, r0: int = 0
+        self, cache: KVCache, last: torch.Tensor, lens, P: int, golds, r0: int = 0
     ) -> np.ndarray:
         """Summed log-probs of each row's gold tokens after its prompt: the first from the prompt's last hidden
         state ``last (B, H)`` (final-normed), the rest from the gold tokens run over the cached prompt of cache rows
@@ -342,13 +253,13 @@ class LeanDecoder:
         row ``r``'s generated tokens sit right after its prompt, at slot = rotary position."""
         fast, dev, st = self.fast, self.device, self.stats
         dtype = fast.final_w.dtype
-        whole = dtype in self.WHOLE_CACHE_DTYPES  # see _Cache.attend_step
+        whole = dtype in self.WHOLE_CACHE_DTYPES  # see KVCache.attend_step
         group_rows = max(
             1, self.max_rows // 4
         )  # groups join while others decode: a quarter of the pool at a time
         groups = length_batches(need, group_rows, self.cache_tokens)
         gold_len = [0] * len(prompts) if golds is None else [len(g) for g in golds]
-        cache: _Cache | None = None
+        cache: KVCache | None = None
         idx: list[int] = []  # prompt index of each active row
         slot = torch.zeros(0, dtype=torch.long, device=dev)  # where each active row's next token goes
         nxt = torch.zeros(0, dtype=torch.long, device=dev)  # each active row's next input token
@@ -374,7 +285,7 @@ class LeanDecoder:
                     break  # decode on; finished rows make room
                 if cache is None or S > cache.slots or R > cache.rows:
                     cache = (
-                        _Cache(len(fast.layers), R, fast.Hkv, S, fast.D, dtype, dev)
+                        KVCache(len(fast.layers), R, fast.Hkv, S, fast.D, dtype, dev)
                         if cache is None
                         else cache.grown(R, S, n)
                     )
@@ -429,7 +340,7 @@ class LeanDecoder:
         gen.append(t)
         return not self.stops.stopped(t, gen) and len(gen) < self.max_new_tokens
 
-    def _prefill(self, cache: _Cache, r0: int, prompts: list, group: list[int], golds, lps) -> torch.Tensor:
+    def _prefill(self, cache: KVCache, r0: int, prompts: list, group: list[int], golds, lps) -> torch.Tensor:
         """Prefill a length-sorted group into cache rows ``r0:r0 + len(prompts)`` (in slices of at most
         ``max_tokens`` padded tokens); its gold log-probs into ``lps``. Returns each row's first greedy token."""
         fast, dev, st = self.fast, self.device, self.stats

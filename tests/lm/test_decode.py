@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from epr.lm.decode import LeanDecoder, StopTable, cached_attention, length_batches
+from epr.lm.decode import LeanDecoder, StopTable, length_batches
 from epr.lm.generate import Generator
+from epr.lm.kv_cache import cached_attention
 
 
 @pytest.fixture(scope="module")
@@ -78,14 +79,14 @@ def test_continuous_batching_refills_rows_grows_the_cache_and_equals_hf(tiny_smo
     rows' places refilled), the cache grows when longer groups arrive, every step runs more rows than dropping
     finished rows would leave, and the strings are transformers' (fp32) value for value. Negative control: a
     move that forgets to copy the keys (rows left with another row's cache) changes the outputs."""
-    import epr.lm.decode as dec
+    import epr.lm.kv_cache as kvc
 
     model, tok = tiny_smol
     rng = np.random.default_rng(7)
     words = "turn on the lights in kitchen set alarm for 7 am play music by queen".split()
     prompts = [" ".join(rng.choice(words, int(k))) + ":" for k in rng.integers(1, 120, 48)]
     calls = {"grown": 0, "moved": 0}
-    grown, move = dec._Cache.grown, dec._Cache.move
+    grown, move = kvc.KVCache.grown, kvc.KVCache.move
 
     def spy_grown(self, *a):
         calls["grown"] += 1
@@ -95,8 +96,8 @@ def test_continuous_batching_refills_rows_grows_the_cache_and_equals_hf(tiny_smo
         calls["moved"] += len(src)
         return move(self, src, dst)
 
-    monkeypatch.setattr(dec._Cache, "grown", spy_grown)
-    monkeypatch.setattr(dec._Cache, "move", spy_move)
+    monkeypatch.setattr(kvc.KVCache, "grown", spy_grown)
+    monkeypatch.setattr(kvc.KVCache, "move", spy_move)
     hf, lean, g = _both(model, tok, prompts, "\n", max_new=20, decode_rows=8, prefill_tokens=300)
     assert lean == hf
     st = g.lean.stats
@@ -108,7 +109,7 @@ def test_continuous_batching_refills_rows_grows_the_cache_and_equals_hf(tiny_smo
             s_, d_ = torch.tensor(src), torch.tensor(dst)
             self.valid.index_copy_(0, d_, self.valid.index_select(0, s_))
 
-    monkeypatch.setattr(dec._Cache, "move", forgetful)
+    monkeypatch.setattr(kvc.KVCache, "move", forgetful)
     broken = Generator(model, tok, 20, stop="\n", engine="lean", decode_rows=8, prefill_tokens=300)
     assert broken.generate(prompts) != hf
 
@@ -245,9 +246,9 @@ def test_lean_equals_hf_on_smollm2_fp32():
 
 def test_cache_slots_never_written_are_zeros_not_garbage():
     """A masked slot's attention weight is 0, and 0 x NaN is NaN: unwritten slots must hold finite values."""
-    from epr.lm.decode import _Cache
+    from epr.lm.kv_cache import KVCache
 
-    c = _Cache(2, 3, 2, 5, 4, torch.float32, "cpu")
+    c = KVCache(2, 3, 2, 5, 4, torch.float32, "cpu")
     assert all(bool((t == 0).all()) for t in c.k + c.v) and not c.valid.any()
 
 
@@ -308,6 +309,7 @@ def test_bf16_decoding_over_the_whole_cache_equals_the_filled_slice(tiny_smol, m
     import copy
 
     import epr.lm.decode as dec
+    import epr.lm.kv_cache as kvc
 
     model, tok = tiny_smol
     m16 = copy.deepcopy(model).to(torch.bfloat16)
@@ -318,13 +320,13 @@ def test_bf16_decoding_over_the_whole_cache_equals_the_filled_slice(tiny_smol, m
         for _ in prompts
     ]
     seen: list[int] = []
-    real = dec.cached_attention
+    real = kvc.cached_attention
 
     def spy(q, k, v, mask, scale):
         seen.append(k.shape[2])
         return real(q, k, v, mask, scale)
 
-    monkeypatch.setattr(dec, "cached_attention", spy)
+    monkeypatch.setattr(kvc, "cached_attention", spy)
     g = Generator(m16, tok, 20, stop="\n", engine="lean", decode_rows=7)
     whole = g.generate_with_gold(prompts, golds)
     whole_spans = set(seen)
@@ -337,7 +339,7 @@ def test_bf16_decoding_over_the_whole_cache_equals_the_filled_slice(tiny_smol, m
     # negative control: over the whole cache the mask is what keeps out the unfilled and gold-only slots
     monkeypatch.setattr(dec.LeanDecoder, "WHOLE_CACHE_DTYPES", (torch.bfloat16,))
     monkeypatch.setattr(
-        dec, "cached_attention", lambda q, k, v, mask, scale: real(q, k, v, mask | True, scale)
+        kvc, "cached_attention", lambda q, k, v, mask, scale: real(q, k, v, mask | True, scale)
     )
     unmasked = g.generate_with_gold(prompts, golds)
     assert unmasked[0] != sliced[0] or not np.array_equal(unmasked[1], sliced[1])
