@@ -254,9 +254,8 @@ class LeanDecoder:
         fast, dev, st = self.fast, self.device, self.stats
         dtype = fast.final_w.dtype
         whole = dtype in self.WHOLE_CACHE_DTYPES  # see KVCache.attend_step
-        group_rows = max(
-            1, self.max_rows // 4
-        )  # groups join while others decode: a quarter of the pool at a time
+        # groups join while others decode: a quarter of the pool at a time
+        group_rows = max(1, self.max_rows // 4)
         groups = length_batches(need, group_rows, self.cache_tokens)
         gold_len = [0] * len(prompts) if golds is None else [len(g) for g in golds]
         cache: KVCache | None = None
@@ -295,10 +294,8 @@ class LeanDecoder:
                 for j, (i, t) in enumerate(zip(group, first.tolist())):
                     if self._take(out[i], t):
                         keep.append(j)
-                rows = [n + j for j in keep]
-                cache.move(
-                    rows, list(range(n, n + len(rows)))
-                )  # admitted rows that go on, packed after the active
+                rows = [n + j for j in keep]  # admitted rows that go on, packed after the active ones
+                cache.move(rows, list(range(n, n + len(rows))))
                 idx += [group[j] for j in keep]
                 lens = torch.tensor([len(prompts[group[j]]) for j in keep], dtype=torch.long, device=dev)
                 slot = torch.cat([slot, lens])
