@@ -7,6 +7,9 @@ default; any dataset with a curve config: ``-c configs/smcalflow_curve.yaml``, `
     python scripts/learning_curve.py --set models.dtype=auto          # any config key (here: bf16 where fast)
 
 Every step is resumable (stages, the run root's score cache, per-row files): rerun the same command after a kill.
+A row file is served while its key (what it was computed from: the encoder's or labels' fingerprint, the retrieve
+and prompt settings, the inference LM) matches, and a training seed whose learned rows are all served is not trained
+again: copy committed ``rows/`` into ``--out`` to add seeds to a committed run without retraining its seeds.
 
 1. Labels for the largest size (``configs/mtop_curve.yaml``: nested seeded label sets, so each smaller set is a
    prefix of the largest and reuses its scores from the score cache).
