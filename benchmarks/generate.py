@@ -161,6 +161,12 @@ def linear_tflops(dt, k: int, n: int, m: int = 4096, reps: int = 5) -> float:
     return 2 * m * k * n * reps / (time.perf_counter() - t) / 1e12
 
 
+def decode_bound(peak: float, bw: float, params: int, el: int, stats: dict) -> tuple[float, float]:
+    """Seconds decoding cannot beat: each step reads every weight once (``el`` bytes each at ``bw`` B/s), and every
+    row of it costs 2 x ``params`` FLOPs at ``peak`` FLOP/s; the larger total bounds it. Returns (read, FLOPs)."""
+    return stats["decode_steps"] * params * el / bw, stats["decode_rows"] * 2 * params / peak
+
+
 def limits(dtype: str, stats: dict) -> dict:
     """Lower bounds on the lean decoder's time from the measured peak and bandwidth."""
     import torch
@@ -183,9 +189,7 @@ def limits(dtype: str, stats: dict) -> dict:
         2 * 2 * c.num_hidden_layers * c.hidden_size * T / 2
     )  # per token: scores + weighted sum, causal half
     prefill_s = stats["prompt_tokens"] * (2 * body + attn) / peak + stats["prompts"] * 2 * head / peak
-    # each step reads every weight once, and every row of it costs 2 x params FLOPs: the larger total bounds it
-    decode_read_s = stats["decode_steps"] * (body + head) * el / bw
-    decode_flop_s = stats["decode_rows"] * 2 * (body + head) / peak
+    decode_read_s, decode_flop_s = decode_bound(peak, bw, body + head, el, stats)
     decode_s = max(decode_read_s, decode_flop_s)
     return {
         "matmul_tflops": peak / 1e12,
@@ -208,12 +212,11 @@ def stored_bounds(path: str) -> str:
         lean, hf = d["runs"].get(f"lean-{dt}"), d["runs"].get(f"hf-{dt}")
         if not lean:
             continue
-        lim, st = lean["limits"], lean["lean_stats"]
+        lim = lean["limits"]
+        el = 2 if dt == "bf16" else 4
+        peak, bw = lim["matmul_tflops"] * 1e12, lim["memory_gbps"] * 1e9
         params = lim["body_params"] + lim["head_params"]
-        read = lim.get("decode_read_bound_s", lim["decode_bound_s"])
-        bound = lim["prefill_bound_s"] + max(
-            read, st["decode_rows"] * 2 * params / (lim["matmul_tflops"] * 1e12)
-        )
+        bound = lim["prefill_bound_s"] + max(decode_bound(peak, bw, params, el, lean["lean_stats"]))
         line = f"{path} {dt}: bound {bound:.1f} s, lean {lean['seconds']:.1f} s ({bound / lean['seconds']:.2f} of it)"
         if hf:
             line += f"; at most {hf['seconds'] / hf['n'] * lean['n'] / bound:.2f}x over HF is possible"

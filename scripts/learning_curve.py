@@ -151,9 +151,9 @@ def row_cached(path: Path, key: dict) -> dict | None:
 
 def cached_row(path: Path, key: dict, compute) -> dict:
     """A row file reused while its key (what it was computed from) is unchanged."""
+    key = json.loads(json.dumps(key))  # as the file holds it (tuples as lists)
     if (row := row_cached(path, key)) is not None:
         return row
-    key = json.loads(json.dumps(key))
     t = time.time()
     row = {"key": key, **compute(), "seconds": round(time.time() - t, 1)}
     atomic_write_text(path, json.dumps(row) + "\n")  # a kill mid-write leaves the old row or none

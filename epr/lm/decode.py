@@ -264,30 +264,26 @@ class LeanDecoder:
         nxt = torch.zeros(0, dtype=torch.long, device=dev)  # each active row's next input token
         gi = 0
 
-        def fits(group: list[int]) -> tuple[int, int]:
-            """Slots a group needs (prompt + generation, or prompt + gold for the gold pass) and the rows a cache
-            of that many slots may hold."""
+        def slots_for(group: list[int]) -> int:
+            """Slots a group needs: prompt + generation, or prompt + gold for the gold pass."""
             P = max(len(prompts[i]) for i in group)
-            S = P + max(self.max_new_tokens, max(gold_len[i] for i in group))
-            return S, max(len(group), min(self.max_rows, self.cache_tokens // S))
+            return P + max(self.max_new_tokens, max(gold_len[i] for i in group))
 
         while gi < len(groups) or idx:
             # 1. admit the next groups while they fit beside the active rows
             while gi < len(groups):
                 group = sorted(groups[gi], key=lambda i: len(prompts[i]))  # slices: contiguous runs
-                S, R = fits(group)
-                if cache is not None:
-                    S = max(S, cache.slots)
-                    R = max(len(group), min(self.max_rows, self.cache_tokens // S))
+                S = max(slots_for(group), cache.slots if cache is not None else 0)
+                R = max(
+                    len(group), min(self.max_rows, self.cache_tokens // S)
+                )  # rows a cache of S slots may hold
                 n = len(idx)
                 if n + len(group) > R:
                     break  # decode on; finished rows make room
-                if cache is None or S > cache.slots or R > cache.rows:
-                    cache = (
-                        KVCache(len(fast.layers), R, fast.Hkv, S, fast.D, dtype, dev)
-                        if cache is None
-                        else cache.grown(R, S, n)
-                    )
+                if cache is None:
+                    cache = KVCache(len(fast.layers), R, fast.Hkv, S, fast.D, dtype, dev)
+                elif S > cache.slots or R > cache.rows:
+                    cache = cache.grown(R, S, n)
                 first = self._prefill(cache, n, [prompts[i] for i in group], group, golds, lps)
                 gi += 1
                 keep = []
