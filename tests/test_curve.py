@@ -126,6 +126,10 @@ def test_pooled_rows_em_tests_gap_and_row_shape(curve, tmp_path):
     )
     assert p["oracle_gap_captured"]["em"] == pytest.approx((100 * 17 / 40 - 25.0) / (100.0 - 25.0))
     assert by[("bm25", 1, None)]["oracle_gap_captured"]["gold_logprob"] == 0.0
+    lo, hi = p["oracle_gap_captured_ci"]["gold_logprob"]  # its paired bootstrap interval, in curve.md too
+    assert lo < p["oracle_gap_captured"]["gold_logprob"] < hi
+    assert by[("bm25", 1, None)]["oracle_gap_captured_ci"]["gold_logprob"] is None
+    assert f"({lo:.2f} to {hi:.2f})" in (tmp_path / "curve.md").read_text()
     # the typical example, beside the heavy-tailed mean: median paired gain and win rate over BM25
     d = np.mean(seed_lp, axis=0) - bm25
     assert p["logprob_median_gain_vs_bm25"] == pytest.approx(np.median(d))

@@ -17,7 +17,7 @@ import numpy as np
 
 from epr.artifacts import atomic_write_bytes, atomic_write_text
 from epr.reports.machine import describe, machine
-from epr.reports.stats import mcnemar_exact
+from epr.reports.stats import gap_fraction_ci, mcnemar_exact
 
 __all__ = [
     "BASE_SEED",
@@ -174,6 +174,14 @@ def write_curve(out: Path, rows: list[dict], a, t0: float) -> None:
         b, o, v = gap[m].get("bm25"), gap[m].get("lm-oracle"), r.get(m)
         return None if None in (b, o, v) or o == b else (v - b) / (o - b)
 
+    def captured_ci(r: dict) -> list[float] | None:
+        """The gold log-prob's captured fraction's paired bootstrap interval (examples resampled with BM25's and
+        LM-Oracle's): how sure the fraction is, not only what it is."""
+        if "bm25" not in ref or "lm-oracle" not in ref or r["retriever"] in ("bm25", "lm-oracle"):
+            return None
+        _, lo, hi = gap_fraction_ci(r["per_query_logprob"], ref["bm25"], ref["lm-oracle"])
+        return None if np.isnan(lo) else [lo, hi]
+
     slim = [
         {
             "retriever": r["retriever"],
@@ -184,6 +192,7 @@ def write_curve(out: Path, rows: list[dict], a, t0: float) -> None:
             "seed": r.get("seed"),
             "best_epoch": r.get("best_epoch"),  # the training epoch the row's encoder is (0: untrained)
             "oracle_gap_captured": {m: captured(r, m) for m in ("gold_logprob", "em")},
+            "oracle_gap_captured_ci": {"gold_logprob": captured_ci(r)},
             "n": r.get("em_n", r["n"]),
             "em": r.get("em"),
             "p_vs_bm25": r.get("p_vs_bm25"),
@@ -253,7 +262,7 @@ def write_curve(out: Path, rows: list[dict], a, t0: float) -> None:
         "training seeds pooled in the row (pooled rows: mean over seeds, the interval column is the seeds' "
         "min-max; EM p-values: exact sign test per example of the seeds' mean correctness vs the reference; "
         "log-prob Δ: per example, the seeds' mean). Gap: the fraction of the BM25 → LM-Oracle gap captured "
-        "(gold log-prob; EM where both are measured).",
+        "(gold log-prob, with its paired 95% bootstrap interval; EM where both are measured).",
         "",
         "| retriever | loss | labels | seeds | gold log-prob | 95% CI | Δ vs BM25 (p) | Δ vs SBERT (p) | DPO | EM | "
         "EM p vs BM25 | EM p vs SBERT | "
@@ -279,6 +288,8 @@ def write_curve(out: Path, rows: list[dict], a, t0: float) -> None:
         p = lambda v: "" if v is None else f"{v:.3g}"  # noqa: E731
         g = r["oracle_gap_captured"]
         gp = " / ".join("" if g[m] is None else f"{g[m]:.2f}" for m in ("gold_logprob", "em"))
+        if (ci := r["oracle_gap_captured_ci"]["gold_logprob"]) is not None:
+            gp = gp.replace(" / ", f" ({ci[0]:.2f} to {ci[1]:.2f}) / ", 1)
         lines.append(
             f"| {r['retriever']} | {r['loss'] or ''} | {r['labels'] or ''} | {seeds(r)} | {f(r['gold_logprob'], 3)} | "
             f"{r['gold_logprob_ci'][0]:.3f} to {r['gold_logprob_ci'][1]:.3f} | {gain(r, 'bm25')} | {gain(r, 'sbert')} | "

@@ -75,6 +75,27 @@ def mean_ci(
     return float(a.mean()), float(np.quantile(boots, alpha / 2)), float(np.quantile(boots, 1 - alpha / 2))
 
 
+def gap_fraction_ci(
+    row: Sequence, base: Sequence, top: Sequence, n_boot: int = 2000, seed: int = 0, alpha: float = 0.05
+) -> tuple[float, float, float]:
+    """How much of the gap from ``base`` to ``top`` a ``row`` closes, ``(mean(row) - mean(base)) / (mean(top) -
+    mean(base))``, over the examples all three scored (None / NaN elsewhere), with a paired percentile-bootstrap
+    (1 - alpha) interval: the examples are resampled together, so what the three share cancels as in the paired
+    tests. The learning curve's ``oracle_gap_captured`` (base BM25, top LM-Oracle). NaNs when no example is left
+    or the gap is zero."""
+    m = np.array([[np.nan if v is None else float(v) for v in x] for x in (row, base, top)], dtype=np.float64)
+    m = m[:, np.isfinite(m).all(0)]
+    nan = (float("nan"),) * 3
+    if m.shape[1] == 0 or m[2].mean() == m[1].mean():
+        return nan
+    point = (m[0].mean() - m[1].mean()) / (m[2].mean() - m[1].mean())
+    idx = np.random.default_rng(seed).integers(0, m.shape[1], size=(n_boot, m.shape[1]))
+    means = m[:, idx].mean(2)  # (3, n_boot)
+    den = means[2] - means[1]
+    boots = (means[0] - means[1])[den != 0] / den[den != 0]
+    return float(point), float(np.quantile(boots, alpha / 2)), float(np.quantile(boots, 1 - alpha / 2))
+
+
 def mcnemar_exact(a_only: int, b_only: int) -> float:
     """Two-sided exact McNemar p-value for paired right/wrong outcomes: under "no difference" the discordant
     examples split like fair coin flips, p = P(|X - n/2| >= |a_only - n/2|), X ~ Binomial(n, 1/2)."""
