@@ -44,7 +44,8 @@ def test_gap_fraction_ci_by_hand_and_paired():
     _, lo_u, hi_u = gap_fraction_ci(rng.permutation(row), base, rng.permutation(top))
     assert hi_u - lo_u > 3 * (hi - lo)
     # the ends of the scale, and the examples one row did not score left out of all three
-    assert gap_fraction_ci(base, base, top)[0] == 0.0 and gap_fraction_ci(top, base, top)[0] == pytest.approx(1.0)
+    assert gap_fraction_ci(base, base, top)[0] == 0.0
+    assert gap_fraction_ci(top, base, top)[0] == pytest.approx(1.0)
     holes = list(row[:-2]) + [None, float("nan")]
     assert gap_fraction_ci(holes, base, top)[0] == pytest.approx(
         (row[:-2].mean() - base[:-2].mean()) / (top[:-2].mean() - base[:-2].mean())
