@@ -5,6 +5,7 @@ default; any dataset with a curve config: ``-c configs/smcalflow_curve.yaml``, `
     python scripts/learning_curve.py -c configs/break_curve.yaml      # BREAK's (results/break-curve/)
     python scripts/learning_curve.py --sizes 250,500 --losses distill --em none     # a quick partial curve
     python scripts/learning_curve.py --set models.dtype=auto          # any config key (here: bf16 where fast)
+    python scripts/learning_curve.py --from-rows --out results/mtop-curve   # redraw a results folder from its rows/
 
 Every step is resumable (stages, the run root's score cache, per-row files): rerun the same command after a kill.
 A row file is served while its key (what it was computed from: the encoder's or labels' fingerprint, the retrieve
@@ -50,6 +51,7 @@ from epr.reports.curve import (  # noqa: E402  (the rows' math and files; re-exp
     add_pooled,
     attach_em,
     pooled,
+    rows_from_dir,
     save_em,
     seeded,
     write_curve,
@@ -205,6 +207,12 @@ def main(argv: list[str] | None = None) -> int:
         "by reciprocal rank); exact match is run for epr",
     )
     ap.add_argument(
+        "--from-rows",
+        action="store_true",
+        help="redraw curve.json / .md / .png in --out from its rows/ alone (committed per-example rows; no model, "
+        "no run root): the tables' figures and paired tests recomputed from the repository",
+    )
+    ap.add_argument(
         "--import-scores",
         action="append",
         default=[],
@@ -230,6 +238,14 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(a.out)
     rows_dir = out / "rows"
     t0 = time.time()
+    if a.from_rows:
+        if not rows_dir.is_dir():
+            ap.error(f"--from-rows: {rows_dir} does not exist (a results folder holds rows/)")
+        rows, em = rows_from_dir(rows_dir, a.split)
+        attach_em(rows, em)
+        write_curve(out, rows, a, t0)
+        log.info("redrew %s from %d row files", out, len(list(rows_dir.glob("*.json"))))
+        return 0
 
     for f in a.import_scores:  # scores of the same computation key are served, never scored again
         from epr.lm.score_cache import import_scores

@@ -67,3 +67,34 @@ def _seeds(rows: list[dict], pooled_row: dict) -> list[int]:
         for r in rows
         if r["seeds"] == 1 and r["loss"] == pooled_row["loss"] and r["labels"] == pooled_row["labels"]
     ]
+
+
+GAINS = ("logprob_gain_vs_bm25", "logprob_p_vs_bm25", "logprob_gain_vs_sbert", "logprob_p_vs_sbert")
+
+
+@pytest.mark.parametrize("folder", CURVES, ids=lambda p: p.name)
+def test_committed_curve_is_redrawn_from_its_rows_alone(folder, tmp_path):
+    """`learning_curve.py --from-rows` rebuilds every committed table from rows/ (no model, no run root): the same
+    rows, figures, paired tests and oracle-gap fractions as the curve.json the run wrote."""
+    import argparse
+
+    want = json.loads((folder / "curve.json").read_text())["rows"]
+    rows, em = curve.rows_from_dir(folder / "rows", want[0]["split"])
+    curve.attach_em(rows, em)
+    a = argparse.Namespace(split=want[0]["split"], name=folder.name, lms="LMs")
+    curve.write_curve(tmp_path, rows, a, 0.0)
+    got = json.loads((tmp_path / "curve.json").read_text())["rows"]
+    assert [_name(r) for r in got] == [_name(r) for r in want]
+    for g, w in zip(got, want):
+        for k in (*KEYS, *GAINS, "seed"):
+            assert g.get(k) == pytest.approx(w.get(k), rel=1e-9), (folder.name, _name(w), k)
+        assert g["oracle_gap_captured"] == pytest.approx(w["oracle_gap_captured"], rel=1e-9)
+
+
+def test_rows_from_dir_names_a_file_it_cannot_place(tmp_path):
+    (tmp_path / "bm25.json").write_text(
+        json.dumps({"n": 1, "gold_logprob": -1.0, "per_query_logprob": [-1.0]})
+    )
+    (tmp_path / "my-notes.json").write_text("{}")
+    with pytest.raises(ValueError, match="my-notes.json"):
+        curve.rows_from_dir(tmp_path, "dev")
