@@ -5,7 +5,7 @@ default; any dataset with a curve config: ``-c configs/smcalflow_curve.yaml``, `
     python scripts/learning_curve.py -c configs/break_curve.yaml      # BREAK's (results/break-curve/)
     python scripts/learning_curve.py --sizes 250,500 --losses distill --em none     # a quick partial curve
     python scripts/learning_curve.py --set models.dtype=auto          # any config key (here: bf16 where fast)
-    python scripts/learning_curve.py --from-rows --out results/mtop-curve   # redraw a results folder from its rows/
+    python scripts/learning_curve.py --from-rows --out results/mtop-curve-locked   # redraw a results folder from rows/
 
 Every step is resumable (stages, the run root's score cache, per-row files): rerun the same command after a kill.
 A row file is served while its key (what it was computed from: the encoder's or labels' fingerprint, the retrieve
@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -220,6 +221,19 @@ def main(argv: list[str] | None = None) -> int:
         help="add an `epr cache export` file (e.g. committed labels) to the run root's score cache first",
     )
     a = ap.parse_args(argv)
+    was = None
+    if (
+        a.from_rows
+    ):  # the folder's own run: its config, --set and split, read back from the command it recorded
+        if a.out is None or not (Path(a.out) / "rows").is_dir():
+            ap.error(f"--from-rows needs --out FOLDER holding rows/ (got {a.out})")
+        prev = Path(a.out) / "curve.json"
+        was = json.loads(prev.read_text()) if prev.exists() else {"info": {}, "rows": []}
+        if cmd := was["info"].get("command"):
+            rec, _ = ap.parse_known_args(shlex.split(cmd)[1:])
+            here = ROOT / "configs" / Path(rec.config).name  # a path recorded on another machine
+            a.config, a.set = rec.config if Path(rec.config).exists() else str(here), rec.set
+        a.split = was["rows"][0]["split"] if was["rows"] else a.split
     cfg0 = load_config([a.config], [f"run_root={a.run_root}", *a.set])
     a.name = cfg0.name  # the runs' and the results' name (mtop-curve, break-curve, ...)
     a.lms = (
@@ -238,12 +252,11 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(a.out)
     rows_dir = out / "rows"
     t0 = time.time()
-    if a.from_rows:
-        if not rows_dir.is_dir():
-            ap.error(f"--from-rows: {rows_dir} does not exist (a results folder holds rows/)")
+    if was is not None:  # --from-rows: where and by what the rows were computed is kept
         rows, em = rows_from_dir(rows_dir, a.split)
         attach_em(rows, em)
-        write_curve(out, rows, a, t0)
+        was["info"].pop("redrawn_from_rows", None)
+        write_curve(out, rows, a, t0, redraw_of=was["info"] or None)
         log.info("redrew %s from %d row files", out, len(list(rows_dir.glob("*.json"))))
         return 0
 

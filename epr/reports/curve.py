@@ -214,7 +214,10 @@ def rows_from_dir(rows_dir: Path, split: str) -> tuple[list[dict], dict[str, dic
     return rows, em
 
 
-def write_curve(out: Path, rows: list[dict], a, t0: float) -> None:
+def write_curve(out: Path, rows: list[dict], a, t0: float, redraw_of: dict | None = None) -> None:
+    """``curve.json`` / ``.md`` / ``.png`` in ``out``. ``redraw_of``: the ``info`` of the curve.json being redrawn
+    from its rows (``--from-rows``): its machine, command and labels are kept (they say where the rows were
+    computed), and the redraw is recorded beside them."""
     out.mkdir(parents=True, exist_ok=True)
     ref = {r["retriever"]: r["per_query_logprob"] for r in rows if r["loss"] is None}
     for r in rows:
@@ -284,14 +287,20 @@ def write_curve(out: Path, rows: list[dict], a, t0: float) -> None:
         }
         for r in rows
     ]
-    info = {"machine": machine(), "command": " ".join(sys.argv), "elapsed_seconds": round(time.time() - t0)}
+    here = {"machine": machine(), "command": " ".join(sys.argv), "elapsed_seconds": round(time.time() - t0)}
+    info = here if redraw_of is None else {**redraw_of, "redrawn_from_rows": here}
     if getattr(a, "labels_info", None):  # the scored sequences, and the last scoring process's throughput
         info["labels"] = a.labels_info
     atomic_write_text(out / "curve.json", json.dumps({"info": info, "rows": slim}, indent=2) + "\n")
     lines = [
         f"# {a.name}: learning curve",
         "",
-        f"Machine: {describe(info['machine'])}. Command: `{info['command']}`.",
+        f"Machine: {describe(info['machine'])}. Command: `{info['command']}`."
+        + (
+            f" Redrawn from `rows/` alone by `{r['command']}` ({describe(r['machine'])})."
+            if (r := info.get("redrawn_from_rows"))
+            else ""
+        ),
         *(
             [
                 f"Labels: {lab['sequences']} scored sequences"
