@@ -207,6 +207,8 @@ def stored_bounds(path: str) -> str:
     """The bound and the largest possible speed-up over HF for a stored result JSON, by today's formula from its own
     measurements (peak, bandwidth, decoder counts): runs saved before the decode bound counted the rows' FLOPs."""
     d = json.loads(Path(path).read_text())
+    if "runs" not in d:
+        return f"{path}: no per-engine runs stored (a result of an older version of this benchmark): no bound"
     out = []
     for dt in ("fp32", "bf16"):
         lean, hf = d["runs"].get(f"lean-{dt}"), d["runs"].get(f"hf-{dt}")
