@@ -1,0 +1,100 @@
+"""Two committed rows of a learning curve, paired on the same examples: is B better than A?
+
+    python scripts/compare_rows.py results/mtop-curve/rows/epr@2000-distill.json results/mtop-round2/rows/epr@2000-distill.json
+    python scripts/compare_rows.py results/X/rows/em-bm25.json.gz results/X/rows/em-epr@2000-distill.json.gz
+
+Dense rows (``*.json``: ``per_query_logprob``): the mean paired gain of B over A in gold log-prob with its 95%
+bootstrap interval, the median gain, the share of examples where B is higher and the Wilcoxon signed-rank p.
+Exact-match rows (``em-*.json.gz``: ``idx``, ``correct``): both exact-match rates, the discordant examples and the
+exact McNemar p. The rows must hold the same examples (same count; EM rows: the same ``idx`` in the same order);
+examples either row could not score (``null``) are left out of the dense comparison, and counted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from epr.reports.curve import paired_logprob  # noqa: E402
+from epr.reports.stats import mcnemar_exact, mean_ci  # noqa: E402
+
+
+def load(path: Path) -> dict:
+    raw = path.read_bytes()
+    return json.loads(gzip.decompress(raw) if path.name.endswith(".gz") else raw)
+
+
+def compare(a: dict, b: dict, name_a: str = "A", name_b: str = "B") -> dict:
+    """B against A on the same examples (dense rows or exact-match rows; see the module doc)."""
+    if "per_query_logprob" in a and "per_query_logprob" in b:
+        la, lb = a["per_query_logprob"], b["per_query_logprob"]
+        if len(la) != len(lb):
+            raise ValueError(f"{name_a} holds {len(la)} examples, {name_b} {len(lb)}: not the same examples")
+        both = [(x, y) for x, y in zip(la, lb) if x is not None and y is not None]
+        d = [y - x for x, y in both]
+        gain, p, med, win = paired_logprob([y for _, y in both], [x for x, _ in both])
+        _, lo, hi = mean_ci(d, n_boot=2000)
+        return {
+            "metric": "gold_logprob",
+            "n": len(both),
+            "left_out": len(la) - len(both),
+            "mean_a": float(np.mean([x for x, _ in both])),
+            "mean_b": float(np.mean([y for _, y in both])),
+            "gain": gain,
+            "gain_ci": [lo, hi],
+            "median_gain": med,
+            "win_rate": win,
+            "p_wilcoxon": p,
+        }
+    if "correct" in a and "correct" in b:
+        if a["idx"] != b["idx"]:
+            raise ValueError(f"{name_a} and {name_b} do not hold the same examples in the same order (idx)")
+        ca, cb = np.asarray(a["correct"], bool), np.asarray(b["correct"], bool)
+        only_a, only_b = int(np.sum(ca & ~cb)), int(np.sum(cb & ~ca))
+        return {
+            "metric": "exact_match",
+            "n": len(ca),
+            "em_a": 100 * float(ca.mean()),
+            "em_b": 100 * float(cb.mean()),
+            "only_a": only_a,
+            "only_b": only_b,
+            "p_mcnemar": mcnemar_exact(only_b, only_a),
+        }
+    raise ValueError(
+        f"{name_a} / {name_b}: not two dense rows (per_query_logprob) nor two exact-match rows (correct)"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("a", type=Path, help="row A (the reference)")
+    ap.add_argument("b", type=Path, help="row B")
+    ap.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    args = ap.parse_args(argv)
+    r = compare(load(args.a), load(args.b), str(args.a), str(args.b))
+    if args.json:
+        print(json.dumps(r, indent=2))
+    elif r["metric"] == "gold_logprob":
+        print(
+            f"gold log-prob on {r['n']} examples ({r['left_out']} left out): A {r['mean_a']:.3f}, B {r['mean_b']:.3f}; "
+            f"B - A {r['gain']:+.3f} nats (95% CI {r['gain_ci'][0]:+.3f} to {r['gain_ci'][1]:+.3f}; median "
+            f"{r['median_gain']:+.3f}, B higher on {100 * r['win_rate']:.0f}%), Wilcoxon p = {r['p_wilcoxon']:.2g}"
+        )
+    else:
+        print(
+            f"exact match on {r['n']} examples: A {r['em_a']:.1f}, B {r['em_b']:.1f}; right only in A {r['only_a']}, "
+            f"only in B {r['only_b']}; McNemar p = {r['p_mcnemar']:.2g}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,57 @@
+"""scripts/compare_rows.py: two committed rows paired on the same examples agree with the curve's own paired tests
+(value for value, on committed files), and rows of different examples are refused."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+LOCKED = ROOT / "results" / "mtop-curve-locked"
+
+
+@pytest.fixture(scope="module")
+def cr():
+    spec = importlib.util.spec_from_file_location("compare_rows", ROOT / "scripts" / "compare_rows.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_dense_and_em_comparisons_match_the_committed_curve(cr):
+    rows = {
+        (r["retriever"], r["seed"], r["seeds"]): r
+        for r in json.loads((LOCKED / "curve.json").read_text())["rows"]
+    }
+    want = rows[("epr", 1, 1)]
+    d = cr.compare(cr.load(LOCKED / "rows/bm25.json"), cr.load(LOCKED / "rows/epr@2000-distill-s1.json"))
+    assert d["n"] == want["n"] and d["left_out"] == 0
+    assert d["gain"] == pytest.approx(want["logprob_gain_vs_bm25"])
+    assert d["p_wilcoxon"] == pytest.approx(want["logprob_p_vs_bm25"])
+    assert d["median_gain"] == pytest.approx(want["logprob_median_gain_vs_bm25"])
+    assert d["gain_ci"][0] < d["gain"] < d["gain_ci"][1]
+    e = cr.compare(
+        cr.load(LOCKED / "rows/em-bm25.json.gz"), cr.load(LOCKED / "rows/em-epr@2000-distill-s1.json.gz")
+    )
+    assert e["em_b"] == pytest.approx(want["em"]) and e["em_a"] == pytest.approx(
+        rows[("bm25", None, 1)]["em"]
+    )
+    assert e["p_mcnemar"] == pytest.approx(want["p_vs_bm25"])
+    # order matters for the sign, not for the test
+    r = cr.compare(cr.load(LOCKED / "rows/epr@2000-distill-s1.json"), cr.load(LOCKED / "rows/bm25.json"))
+    assert r["gain"] == pytest.approx(-d["gain"]) and r["p_wilcoxon"] == pytest.approx(d["p_wilcoxon"])
+
+
+def test_rows_of_different_examples_are_refused(cr):
+    a = {"per_query_logprob": [-1.0, -2.0, None]}
+    with pytest.raises(ValueError, match="not the same examples"):
+        cr.compare(a, {"per_query_logprob": [-1.0, -2.0]})
+    held = cr.compare(a, {"per_query_logprob": [-0.5, -1.0, -3.0]})
+    assert held["n"] == 2 and held["left_out"] == 1 and held["gain"] == pytest.approx(0.75)
+    with pytest.raises(ValueError, match="same examples in the same order"):
+        cr.compare({"idx": [0, 1], "correct": [1, 0]}, {"idx": [1, 0], "correct": [1, 0]})
+    with pytest.raises(ValueError, match="not two dense rows"):
+        cr.compare(a, {"idx": [0], "correct": [True]})
