@@ -1,7 +1,7 @@
 """Two committed rows of a learning curve, paired on the same examples: is B better than A?
 
-    python scripts/compare_rows.py results/mtop-curve/rows/epr@2000-distill.json results/mtop-round2/rows/epr@2000-distill.json
-    python scripts/compare_rows.py results/X/rows/em-bm25.json.gz results/X/rows/em-epr@2000-distill.json.gz
+    python scripts/compare_rows.py results/mtop-curve-round1/rows/epr@2000-distill.json results/mtop-curve-round2/rows/epr@2000-distill.json
+    python scripts/compare_rows.py results/mtop-curve-locked/rows/em-bm25.json.gz results/mtop-curve-locked/rows/em-epr@2000-distill.json.gz
 
 Dense rows (``*.json``: ``per_query_logprob``): the mean paired gain of B over A in gold log-prob with its 95%
 bootstrap interval, the median gain, the share of examples where B is higher and the Wilcoxon signed-rank p.

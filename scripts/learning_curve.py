@@ -52,11 +52,11 @@ from epr.reports.curve import (  # noqa: E402  (the rows' math and files; re-exp
     add_pooled,
     attach_em,
     pooled,
-    rows_from_dir,
     save_em,
     seeded,
     write_curve,
 )
+from epr.reports.curve_rows import rows_from_dir  # noqa: E402
 
 log = logging.getLogger("learning_curve")
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from epr.reports import curve
+from epr.reports import curve, curve_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 # curve folders in the current row format (results/mtop-curve/ predates it: one seed, no per-example EM files)
@@ -79,7 +79,7 @@ def test_committed_curve_is_redrawn_from_its_rows_alone(folder, tmp_path):
     import argparse
 
     want = json.loads((folder / "curve.json").read_text())["rows"]
-    rows, em = curve.rows_from_dir(folder / "rows", want[0]["split"])
+    rows, em = curve_rows.rows_from_dir(folder / "rows", want[0]["split"])
     curve.attach_em(rows, em)
     a = argparse.Namespace(split=want[0]["split"], name=folder.name, lms="LMs")
     curve.write_curve(tmp_path, rows, a, 0.0)
@@ -97,4 +97,4 @@ def test_rows_from_dir_names_a_file_it_cannot_place(tmp_path):
     )
     (tmp_path / "my-notes.json").write_text("{}")
     with pytest.raises(ValueError, match="my-notes.json"):
-        curve.rows_from_dir(tmp_path, "dev")
+        curve_rows.rows_from_dir(tmp_path, "dev")
