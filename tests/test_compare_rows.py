@@ -3,11 +3,12 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCKED = ROOT / "results" / "mtop-curve-locked"
@@ -15,10 +16,7 @@ LOCKED = ROOT / "results" / "mtop-curve-locked"
 
 @pytest.fixture(scope="module")
 def cr():
-    spec = importlib.util.spec_from_file_location("compare_rows", ROOT / "scripts" / "compare_rows.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("compare_rows")
 
 
 def test_dense_and_em_comparisons_match_the_committed_curve(cr):

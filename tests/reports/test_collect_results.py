@@ -3,20 +3,18 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def collect():
-    spec = importlib.util.spec_from_file_location("collect_results", ROOT / "scripts" / "collect_results.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("collect_results")
 
 
 def _finished(d: Path, tag: str) -> None:

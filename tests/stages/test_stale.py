@@ -222,13 +222,9 @@ def test_own_json_data_is_keyed_by_how_numbers_are_read(name, marked, tmp_path):
 # ---- scripts/learning_curve.py: a row's key by the stages' rules --------------------------------------------------
 @pytest.fixture(scope="module")
 def curve():
-    import importlib.util
+    from tests.conftest import load_script
 
-    root = Path(__file__).resolve().parents[2]
-    spec = importlib.util.spec_from_file_location("learning_curve", root / "scripts" / "learning_curve.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("learning_curve")
 
 
 @pytest.mark.parametrize(
