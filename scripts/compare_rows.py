@@ -2,12 +2,19 @@
 
     python scripts/compare_rows.py results/mtop-curve-round1/rows/epr@2000-distill.json results/mtop-curve-round2/rows/epr@2000-distill.json
     python scripts/compare_rows.py results/mtop-curve-locked/rows/em-bm25.json.gz results/mtop-curve-locked/rows/em-epr@2000-distill.json.gz
+    python scripts/compare_rows.py results/mtop-curve-locked/rows/bm25.json \
+      results/mtop-curve-locked/rows/epr@2000-distill.json,results/mtop-curve-locked/rows/epr@2000-distill-s1.json,results/mtop-curve-locked/rows/epr@2000-distill-s2.json
 
 Dense rows (``*.json``: ``per_query_logprob``): the mean paired gain of B over A in gold log-prob with its 95%
 bootstrap interval, the median gain, the share of examples where B is higher and the Wilcoxon signed-rank p.
 Exact-match rows (``em-*.json.gz``: ``idx``, ``correct``): both exact-match rates, the discordant examples and the
 exact McNemar p. The rows must hold the same examples (same count; EM rows: the same ``idx`` in the same order);
 examples either row could not score (``null``) are left out of the dense comparison, and counted.
+
+Either side may be several rows (training seeds) joined by commas: they are pooled per example as the curve's pooled
+rows are (dense: the seeds' mean gold log-prob; exact match: the seeds' mean correctness), so that each example
+counts once; the exact-match test is then the exact sign test on the examples where the pooled means differ (with
+one seed per side, McNemar's).
 """
 
 from __future__ import annotations
@@ -32,6 +39,35 @@ def load(path: Path) -> dict:
     return json.loads(gzip.decompress(raw) if path.name.endswith(".gz") else raw)
 
 
+def pool(rows: list[dict], name: str = "rows") -> dict:
+    """Several seeds' rows of the same examples as one row: per example the seeds' mean (see the module doc)."""
+    if len(rows) == 1:
+        return rows[0]
+    if all("per_query_logprob" in r for r in rows):
+        if len({len(r["per_query_logprob"]) for r in rows}) != 1:
+            raise ValueError(
+                f"{name}: the seeds' rows hold different numbers of examples: not the same examples"
+            )
+        per = np.array(
+            [[np.nan if v is None else v for v in r["per_query_logprob"]] for r in rows], dtype=float
+        )
+        seen = ~np.all(np.isnan(per), axis=0)
+        mean = np.full(per.shape[1], np.nan)
+        mean[seen] = np.nanmean(per[:, seen], axis=0)
+        return {"per_query_logprob": [None if np.isnan(v) else float(v) for v in mean], "seeds": len(rows)}
+    if all("correct" in r for r in rows):
+        if any(r["idx"] != rows[0]["idx"] for r in rows):
+            raise ValueError(f"{name}: the seeds' rows do not hold the same examples in the same order (idx)")
+        mean = np.mean([np.asarray(r["correct"], float) for r in rows], axis=0)
+        return {"idx": rows[0]["idx"], "correct": mean.tolist(), "seeds": len(rows)}
+    raise ValueError(f"{name}: rows of different kinds (dense and exact match) cannot be pooled")
+
+
+def load_side(spec: str) -> dict:
+    """One side of the comparison: a row file, or several (seeds) joined by commas, pooled per example."""
+    return pool([load(Path(p)) for p in spec.split(",") if p], spec)
+
+
 def compare(a: dict, b: dict, name_a: str = "A", name_b: str = "B") -> dict:
     """B against A on the same examples (dense rows or exact-match rows; see the module doc)."""
     if "per_query_logprob" in a and "per_query_logprob" in b:
@@ -44,6 +80,8 @@ def compare(a: dict, b: dict, name_a: str = "A", name_b: str = "B") -> dict:
         _, lo, hi = mean_ci(d, n_boot=2000)
         return {
             "metric": "gold_logprob",
+            "seeds_a": a.get("seeds", 1),
+            "seeds_b": b.get("seeds", 1),
             "n": len(both),
             "left_out": len(la) - len(both),
             "mean_a": float(np.mean([x for x, _ in both])),
@@ -57,10 +95,12 @@ def compare(a: dict, b: dict, name_a: str = "A", name_b: str = "B") -> dict:
     if "correct" in a and "correct" in b:
         if a["idx"] != b["idx"]:
             raise ValueError(f"{name_a} and {name_b} do not hold the same examples in the same order (idx)")
-        ca, cb = np.asarray(a["correct"], bool), np.asarray(b["correct"], bool)
-        only_a, only_b = int(np.sum(ca & ~cb)), int(np.sum(cb & ~ca))
+        ca, cb = np.asarray(a["correct"], float), np.asarray(b["correct"], float)  # pooled: the seeds' mean
+        only_a, only_b = int(np.sum(ca > cb)), int(np.sum(cb > ca))
         return {
             "metric": "exact_match",
+            "seeds_a": a.get("seeds", 1),
+            "seeds_b": b.get("seeds", 1),
             "n": len(ca),
             "em_a": 100 * float(ca.mean()),
             "em_b": 100 * float(cb.mean()),
@@ -75,23 +115,27 @@ def compare(a: dict, b: dict, name_a: str = "A", name_b: str = "B") -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("a", type=Path, help="row A (the reference)")
-    ap.add_argument("b", type=Path, help="row B")
+    ap.add_argument("a", help="row A (the reference); several seeds' rows joined by commas are pooled")
+    ap.add_argument("b", help="row B; several seeds' rows joined by commas are pooled")
     ap.add_argument("--json", action="store_true", help="print the comparison as JSON")
     args = ap.parse_args(argv)
-    r = compare(load(args.a), load(args.b), str(args.a), str(args.b))
+    r = compare(load_side(args.a), load_side(args.b), args.a, args.b)
+    seeds = (
+        f" (seeds pooled: A {r['seeds_a']}, B {r['seeds_b']})" if r["seeds_a"] > 1 or r["seeds_b"] > 1 else ""
+    )
     if args.json:
         print(json.dumps(r, indent=2))
     elif r["metric"] == "gold_logprob":
         print(
             f"gold log-prob on {r['n']} examples ({r['left_out']} left out): A {r['mean_a']:.3f}, B {r['mean_b']:.3f}; "
             f"B - A {r['gain']:+.3f} nats (95% CI {r['gain_ci'][0]:+.3f} to {r['gain_ci'][1]:+.3f}; median "
-            f"{r['median_gain']:+.3f}, B higher on {100 * r['win_rate']:.0f}%), Wilcoxon p = {r['p_wilcoxon']:.2g}"
+            f"{r['median_gain']:+.3f}, B higher on {100 * r['win_rate']:.0f}%), Wilcoxon p = {r['p_wilcoxon']:.2g}{seeds}"
         )
     else:
+        test = "exact sign test" if seeds else "McNemar"
         print(
-            f"exact match on {r['n']} examples: A {r['em_a']:.1f}, B {r['em_b']:.1f}; right only in A {r['only_a']}, "
-            f"only in B {r['only_b']}; McNemar p = {r['p_mcnemar']:.2g}"
+            f"exact match on {r['n']} examples: A {r['em_a']:.1f}, B {r['em_b']:.1f}; A higher on {r['only_a']}, "
+            f"B higher on {r['only_b']}; {test} p = {r['p_mcnemar']:.2g}{seeds}"
         )
     return 0
 

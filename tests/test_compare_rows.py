@@ -53,3 +53,36 @@ def test_rows_of_different_examples_are_refused(cr):
         cr.compare({"idx": [0, 1], "correct": [1, 0]}, {"idx": [1, 0], "correct": [1, 0]})
     with pytest.raises(ValueError, match="not two dense rows"):
         cr.compare(a, {"idx": [0], "correct": [True]})
+
+
+def test_seeds_pooled_per_example_match_the_committed_pooled_row(cr):
+    """Three seeds joined by commas are the curve's pooled row: its gain, Wilcoxon p, EM and sign-test p."""
+    want = next(
+        r
+        for r in json.loads((LOCKED / "curve.json").read_text())["rows"]
+        if r["retriever"] == "epr" and r["seeds"] == 3
+    )
+    seeds = ["epr@2000-distill.json", "epr@2000-distill-s1.json", "epr@2000-distill-s2.json"]
+    dense = cr.load_side(",".join(str(LOCKED / "rows" / f) for f in seeds))
+    d = cr.compare(cr.load(LOCKED / "rows/bm25.json"), dense)
+    assert (d["seeds_a"], d["seeds_b"]) == (1, 3)
+    assert d["gain"] == pytest.approx(want["logprob_gain_vs_bm25"])
+    assert d["p_wilcoxon"] == pytest.approx(want["logprob_p_vs_bm25"])
+    em = cr.load_side(",".join(str(LOCKED / "rows" / f"em-{f[:-5]}.json.gz") for f in seeds))
+    e = cr.compare(cr.load(LOCKED / "rows/em-bm25.json.gz"), em)
+    assert e["em_b"] == pytest.approx(want["em"]) and e["p_mcnemar"] == pytest.approx(want["p_vs_bm25"])
+    # a pooled side is not the examples x seeds concatenation: each example counts once
+    assert e["n"] == want["n"] == 1235
+
+
+def test_pooling_refuses_seeds_of_different_examples(cr):
+    assert cr.pool([{"per_query_logprob": [-1.0, None]}, {"per_query_logprob": [-3.0, None]}]) == {
+        "per_query_logprob": [-2.0, None],
+        "seeds": 2,
+    }
+    with pytest.raises(ValueError, match="not the same examples"):
+        cr.pool([{"per_query_logprob": [-1.0]}, {"per_query_logprob": [-1.0, -2.0]}])
+    with pytest.raises(ValueError, match="same examples in the same order"):
+        cr.pool([{"idx": [0, 1], "correct": [1, 0]}, {"idx": [1, 0], "correct": [1, 0]}])
+    with pytest.raises(ValueError, match="different kinds"):
+        cr.pool([{"idx": [0], "correct": [1]}, {"per_query_logprob": [-1.0]}])
