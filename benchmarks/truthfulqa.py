@@ -1,5 +1,6 @@
 """TruthfulQA evaluation cost: shared-prefix scoring (``LMScorer.score_after``) vs scoring every (context, question,
-answer) from scratch.
+answer) from scratch, and the prompts of a resumable chunk batched together (``score_prompts``, what the stages run)
+vs one prompt at a time, for the ``rel`` prompts and for the learned retriever's label prompts (``tqa_labels``).
 
 (Until 2026-11-23 a second engine, ``epr.prefix_scoring``, also folded answers that are token prefixes of other
 answers into one row; the scorer now has one shared-prefix engine, and the committed results under
@@ -10,7 +11,7 @@ one run. Prefix sharing runs each question's prompt once and scores all its answ
 (``LMScorer.score_prefixed``); from scratch sends every prompt + answer sequence through the batched scorer
 (``LMScorer``: length-sorted token-budget batches, answer-only head), i.e. our best path without sharing.
 
-    python -m benchmarks.truthfulqa [--questions 20] [--data-dir ../shared/data] [--dtype fp32] [--tag NAME]
+    python -m benchmarks.truthfulqa [--questions 20] [--label-questions 8] [--data-dir ../shared/data] [--dtype fp32] [--tag NAME]
 """
 
 from __future__ import annotations
@@ -23,20 +24,49 @@ import numpy as np
 from benchmarks.common import describe, machine, save
 from epr.lm.models import load_encoder, load_lm
 from epr.lm.scoring import LMScorer
+from epr.truthfulqa.learned import LABEL_CHUNK, candidate_ids, label_targets
 from epr.truthfulqa.sets import (
     answer_text,
     answers_of,
     build_sets,
     context_text,
+    demo_text,
     load_tqa,
     query_text,
+    score_prompts,
     select_context,
 )
+
+
+def one_by_one_vs_chunks(scorer, prompts, targets, chunk: int) -> dict:
+    """The same prompts scored one at a time (``score_after``) and in chunks of ``chunk`` (``score_prompts``)."""
+    t = time.perf_counter()
+    alone = np.concatenate([scorer.score_after(p, ts) for p, ts in zip(prompts, targets)])
+    t_alone = time.perf_counter() - t
+    t = time.perf_counter()
+    parts = [
+        score_prompts(scorer, prompts[i : i + chunk], targets[i : i + chunk])
+        for i in range(0, len(prompts), chunk)
+    ]
+    t_chunk = time.perf_counter() - t
+    together = np.array([x for part in parts for lp in part for x in lp])
+    diff = np.abs(alone - together)
+    return {
+        "prompts": len(prompts),
+        "answers": int(sum(len(ts) for ts in targets)),
+        "chunk": chunk,
+        "seconds_one_by_one": t_alone,
+        "seconds_chunks": t_chunk,
+        "speedup": t_alone / t_chunk,
+        "max_abs_diff": float(diff.max()),
+        "mean_abs_diff": float(diff.mean()),
+    }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--questions", type=int, default=20)
+    ap.add_argument("--label-questions", type=int, default=8, help="questions x 16 label prompts")
     ap.add_argument("--data-dir", default="../shared/data")
     ap.add_argument("--batch-tokens", type=int, default=2048)
     ap.add_argument("--dtype", default="fp32", help="fp32 (the TruthfulQA config's default) | bf16 | auto")
@@ -75,6 +105,16 @@ def main() -> None:
     n_ans = sum(len(tok(x, add_special_tokens=False)["input_ids"]) for x in flat_tgt)
     n_scratch = sum(len(tok(c)["input_ids"]) for c in flat_ctx) + n_ans
     diff = np.abs(shared - scratch)
+    # what the stages run: a chunk's prompts together (tqa_score: 32 questions; tqa_labels: 64 label prompts)
+    rel_chunks = one_by_one_vs_chunks(scorer, prompts, answers, 32)
+    lq = subset[: a.label_questions]
+    cands = candidate_ids(q_emb, icl_emb, icl_q, [int(q) for q in lq], 16)
+    lab_prompts, lab_targets = [], []
+    for qi, cs in zip(lq, cands):
+        for j in cs:
+            lab_prompts.append(demo_text(full.icl[j][1], full.icl[j][2]) + query_text(rows[qi]["question"]))
+            lab_targets.append(label_targets(rows[qi])[0])
+    label_chunks = one_by_one_vs_chunks(scorer, lab_prompts, lab_targets, LABEL_CHUNK)
     raw = {
         "machine": machine(),
         "questions": int(len(subset)),
@@ -91,7 +131,12 @@ def main() -> None:
         "full_817_estimate_s": {
             "shared": t_shared * 817 / len(subset),
             "scratch": t_scratch * 817 / len(subset),
+            "rel_chunks": rel_chunks["seconds_chunks"] * 817 / len(subset),
+            "labels_one_by_one": label_chunks["seconds_one_by_one"] * 817 / len(lq),
+            "labels_chunks": label_chunks["seconds_chunks"] * 817 / len(lq),
         },
+        "rel_chunks": rel_chunks,
+        "label_chunks": label_chunks,
     }
     md = f"""# TruthfulQA evaluation: shared prefix vs from scratch (one variant, `rel`, k = 6)
 
@@ -107,6 +152,14 @@ SmolLM2-135M-Instruct ({next(model.parameters()).dtype}), {len(subset)} seeded q
 **Shared prefix vs from scratch: {raw["speedup"]:.2f}x.** The two agree to {raw["max_abs_diff"]:.1e} nats at most per answer (mean
 {raw["mean_abs_diff"]:.1e}: float rounding differs between the two batch shapes).
 A whole variant needs this once per question; the empty-context scores (for DPO) once in all.
+
+**A chunk's prompts together** (`score_prompts`, what `tqa_score` and `tqa_labels` run) vs one prompt at a time
+(`score_after`), both with the shared prefix:
+
+| prompts | count | answers | chunk | one at a time (s) | chunks (s) | speedup | max / mean abs diff (nats) | 817 questions, chunks |
+|---|---|---|---|---|---|---|---|---|
+| `rel` (6 demonstrations + question) | {rel_chunks["prompts"]} | {rel_chunks["answers"]} | {rel_chunks["chunk"]} | {rel_chunks["seconds_one_by_one"]:.1f} | {rel_chunks["seconds_chunks"]:.1f} | **{rel_chunks["speedup"]:.2f}x** | {rel_chunks["max_abs_diff"]:.1e} / {rel_chunks["mean_abs_diff"]:.1e} | {raw["full_817_estimate_s"]["rel_chunks"] / 60:.1f} min |
+| `tqa_labels` (one candidate pair + question, {len(lq)} questions x 16) | {label_chunks["prompts"]} | {label_chunks["answers"]} | {label_chunks["chunk"]} | {label_chunks["seconds_one_by_one"]:.1f} | {label_chunks["seconds_chunks"]:.1f} | **{label_chunks["speedup"]:.2f}x** | {label_chunks["max_abs_diff"]:.1e} / {label_chunks["mean_abs_diff"]:.1e} | {raw["full_817_estimate_s"]["labels_chunks"] / 60:.1f} min (one at a time: {raw["full_817_estimate_s"]["labels_one_by_one"] / 60:.1f} min) |
 """
     save("truthfulqa" + (f"-{a.tag}" if a.tag else ""), raw, md)
 

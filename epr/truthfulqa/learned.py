@@ -215,7 +215,7 @@ def run_labels(ctx, out: Path, fp: str) -> dict:
 
     def compute(part: list[dict]) -> list[list[float]]:
         fresh[0] += len(part)
-        return [tqa.score_prompt(scorer(), it["prompt"], it["targets"]) for it in part]
+        return tqa.score_prompts(scorer(), [it["prompt"] for it in part], [it["targets"] for it in part])
 
     t0 = time.time()
     lps = ChunkStore(cache_dir(cfg, "label-logprobs", key), key).map(

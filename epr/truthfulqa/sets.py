@@ -40,6 +40,7 @@ __all__ = [
     "select_context",
     "context_text",
     "score_prompt",
+    "score_prompts",
     "score_question",
     "question_row",
     "summarise",
@@ -230,7 +231,24 @@ def context_text(icl: Sequence[tuple[int, str, str]], sel: Sequence[int] | None)
 
 def score_prompt(scorer: LMScorer, prompt: str, targets: Sequence[str]) -> list[float]:
     """Summed log-prob of each target after ``prompt``: the prompt runs once, its KV cache serves every target."""
-    return scorer.score_after(prompt, list(targets)).tolist()
+    return score_prompts(scorer, [prompt], [targets])[0]
+
+
+def score_prompts(
+    scorer: LMScorer, prompts: Sequence[str], targets: Sequence[Sequence[str]]
+) -> list[list[float]]:
+    """:func:`score_prompt` for many prompts at once (a resumable chunk): each prompt runs once, its KV cache serves
+    its targets, and the prompts of the chunk go through the LM together in token-budget batches
+    (``LMScorer.score_prefixed``) instead of one batch-of-one forward each. Equal to scoring each prompt alone
+    within float rounding (tested)."""
+    flat_p = [p for p, ts in zip(prompts, targets, strict=True) for _ in ts]
+    flat_t = [t for ts in targets for t in ts]
+    lp = scorer.score_prefixed(flat_p, flat_p, flat_t).tolist() if flat_t else []
+    out, at = [], 0
+    for ts in targets:
+        out.append(lp[at : at + len(ts)])
+        at += len(ts)
+    return out
 
 
 def score_question(scorer: LMScorer, r: dict, context: str) -> dict[str, float]:

@@ -178,7 +178,7 @@ def run_score(ctx, out: Path, fp: str) -> dict:
 
     def compute(part: list[dict]) -> list[list[float]]:
         fresh[0] += len(part)
-        return [tqa.score_prompt(scorer(), it["prompt"], it["targets"]) for it in part]
+        return tqa.score_prompts(scorer(), [it["prompt"] for it in part], [it["targets"] for it in part])
 
     for f in out.glob("*.lp.jsonl"):  # sets of an earlier configuration
         f.unlink()

@@ -77,19 +77,20 @@ def calls(monkeypatch):
     import epr.truthfulqa.sets as tqa
 
     seen = {"prompts": [], "quality": [], "fail_at": None}
-    score, quality = tqa.score_prompt, tqa.quality_bias
+    score, quality = tqa.score_prompts, tqa.quality_bias
 
-    def score_prompt(scorer, prompt, targets):
-        if seen["fail_at"] is not None and len(seen["prompts"]) + 1 >= seen["fail_at"]:
-            raise KeyboardInterrupt("killed")
-        seen["prompts"].append(prompt)
-        return score(scorer, prompt, targets)
+    def score_prompts(scorer, prompts, targets):
+        for prompt in prompts:  # a kill lands inside a chunk, at prompt fail_at
+            if seen["fail_at"] is not None and len(seen["prompts"]) + 1 >= seen["fail_at"]:
+                raise KeyboardInterrupt("killed")
+            seen["prompts"].append(prompt)
+        return score(scorer, prompts, targets)
 
     def quality_bias(scorer, pairs):
         seen["quality"].extend(tuple(p) for p in pairs)
         return quality(scorer, pairs)
 
-    monkeypatch.setattr(tqa, "score_prompt", score_prompt)
+    monkeypatch.setattr(tqa, "score_prompts", score_prompts)
     monkeypatch.setattr(tqa, "quality_bias", quality_bias)
 
     def take():

@@ -88,6 +88,26 @@ def test_shared_prefix_equals_from_scratch_and_metrics(tiny_lm):
     assert summ["questions"] == 4 and summ["dpo_triplets"] == 8
 
 
+def test_prompts_batched_together_equal_each_prompt_alone(tiny_lm):
+    """A chunk's prompts scored in one call (token-budget batches across prompts, a budget small enough to split
+    them) equal each prompt scored alone, value for value; prompts that share their text, a prompt with no targets
+    and answers that are token prefixes of others included."""
+    from epr.truthfulqa.sets import score_prompt, score_prompts
+
+    model, tok = tiny_lm
+    s = LMScorer(model, tok, batch_tokens=64)
+    prompts = ["Q: a?\nA: b\n\nQ: c?\nA:", "Q: d e f g?\nA:", "Q: a?\nA: b\n\nQ: c?\nA:", "Q: h?\nA:", "Q:"]
+    targets = [[" right 1.", " wrong"], [" x", " x y z", " x"], [" other"], [], [" right 1", " right 1."]]
+    together = score_prompts(s, prompts, targets)
+    alone = [score_prompt(LMScorer(model, tok), p, ts) if ts else [] for p, ts in zip(prompts, targets)]
+    assert [len(x) for x in together] == [2, 3, 1, 0, 2]
+    np.testing.assert_allclose(np.concatenate(together), np.concatenate(alone), atol=1e-4, rtol=0)
+    plain = s.score([p for p, ts in zip(prompts, targets) for _ in ts], [t for ts in targets for t in ts])
+    np.testing.assert_allclose(np.concatenate(together), plain, atol=1e-4, rtol=0)
+    with pytest.raises(ValueError):  # one target list per prompt
+        score_prompts(s, prompts, targets[:-1])
+
+
 # ---- the stages: one pipeline, one cache ------------------------------------------------------------------------
 
 
