@@ -38,6 +38,12 @@ from epr.truthfulqa.sets import (
 )
 
 
+def agreement(a: np.ndarray, b: np.ndarray) -> dict:
+    """How far two ways of scoring the same answers are apart, in nats per answer."""
+    diff = np.abs(a - b)
+    return {"max_abs_diff": float(diff.max()), "mean_abs_diff": float(diff.mean())}
+
+
 def one_by_one_vs_chunks(scorer, prompts, targets, chunk: int) -> dict:
     """The same prompts scored one at a time (``score_after``) and in chunks of ``chunk`` (``score_prompts``)."""
     t = time.perf_counter()
@@ -50,7 +56,6 @@ def one_by_one_vs_chunks(scorer, prompts, targets, chunk: int) -> dict:
     ]
     t_chunk = time.perf_counter() - t
     together = np.array([x for part in parts for lp in part for x in lp])
-    diff = np.abs(alone - together)
     return {
         "prompts": len(prompts),
         "answers": int(sum(len(ts) for ts in targets)),
@@ -58,8 +63,7 @@ def one_by_one_vs_chunks(scorer, prompts, targets, chunk: int) -> dict:
         "seconds_one_by_one": t_alone,
         "seconds_chunks": t_chunk,
         "speedup": t_alone / t_chunk,
-        "max_abs_diff": float(diff.max()),
-        "mean_abs_diff": float(diff.mean()),
+        **agreement(alone, together),
     }
 
 
@@ -104,7 +108,6 @@ def main() -> None:
     n_prompt = sum(len(tok(p)["input_ids"]) for p in prompts)
     n_ans = sum(len(tok(x, add_special_tokens=False)["input_ids"]) for x in flat_tgt)
     n_scratch = sum(len(tok(c)["input_ids"]) for c in flat_ctx) + n_ans
-    diff = np.abs(shared - scratch)
     # what the stages run: a chunk's prompts together (tqa_score: 32 questions; tqa_labels: 64 label prompts)
     rel_chunks = one_by_one_vs_chunks(scorer, prompts, answers, 32)
     lq = subset[: a.label_questions]
@@ -126,8 +129,7 @@ def main() -> None:
         "seconds_shared": t_shared,
         "seconds_scratch": t_scratch,
         "speedup": t_scratch / t_shared,
-        "max_abs_diff": float(diff.max()),
-        "mean_abs_diff": float(diff.mean()),
+        **agreement(shared, scratch),
         "full_817_estimate_s": {
             "shared": t_shared * 817 / len(subset),
             "scratch": t_scratch * 817 / len(subset),

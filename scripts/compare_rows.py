@@ -30,7 +30,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from epr.reports.curve import paired_logprob  # noqa: E402
+from epr.reports.curve import paired_logprob, seed_mean  # noqa: E402
 from epr.reports.stats import mcnemar_exact, mean_ci  # noqa: E402
 
 
@@ -48,13 +48,7 @@ def pool(rows: list[dict], name: str = "rows") -> dict:
             raise ValueError(
                 f"{name}: the seeds' rows hold different numbers of examples: not the same examples"
             )
-        per = np.array(
-            [[np.nan if v is None else v for v in r["per_query_logprob"]] for r in rows], dtype=float
-        )
-        seen = ~np.all(np.isnan(per), axis=0)
-        mean = np.full(per.shape[1], np.nan)
-        mean[seen] = np.nanmean(per[:, seen], axis=0)
-        return {"per_query_logprob": [None if np.isnan(v) else float(v) for v in mean], "seeds": len(rows)}
+        return {"per_query_logprob": seed_mean([r["per_query_logprob"] for r in rows]), "seeds": len(rows)}
     if all("correct" in r for r in rows):
         if any(r["idx"] != rows[0]["idx"] for r in rows):
             raise ValueError(f"{name}: the seeds' rows do not hold the same examples in the same order (idx)")

@@ -91,6 +91,16 @@ def untrained_note(best_epoch) -> str:
     )
 
 
+def seed_mean(per_query: list[list]) -> list:
+    """Several seeds' per-example gold log-probs of the same examples as one list: per example the mean over the seeds
+    that scored it (``None`` where none did)."""
+    per = np.array([[np.nan if v is None else v for v in r] for r in per_query], dtype=float)
+    seen = ~np.all(np.isnan(per), axis=0)
+    mean = np.full(per.shape[1], np.nan)
+    mean[seen] = np.nanmean(per[:, seen], axis=0)
+    return [None if np.isnan(v) else float(v) for v in mean]
+
+
 def add_pooled(rows: list[dict], n: int, loss: str, seeds: list[int], retriever: str = "epr") -> None:
     """A row pooling the seeds of one curve point of one learned retriever (``epr``, ``hybrid``): mean and spread
     of the seeds' gold log-probs; per example the mean over seeds (the paired tests compare that with a reference on
@@ -102,7 +112,6 @@ def add_pooled(rows: list[dict], n: int, loss: str, seeds: list[int], retriever:
     ]
     if len(seeds) < 2 or len(mine) < len(seeds):
         return
-    per = np.array([[np.nan if v is None else v for v in r["per_query_logprob"]] for r in mine], dtype=float)
     means = [r["gold_logprob"] for r in mine]
     rows.append(
         {
@@ -115,7 +124,7 @@ def add_pooled(rows: list[dict], n: int, loss: str, seeds: list[int], retriever:
             "gold_logprob_seed_values": means,
             "gold_logprob_ci": [float(min(means)), float(max(means))],
             "dpo": float(np.mean([r["dpo"] for r in mine])),
-            "per_query_logprob": [None if np.isnan(v) else float(v) for v in np.nanmean(per, axis=0)],
+            "per_query_logprob": seed_mean([r["per_query_logprob"] for r in mine]),
             "best_epoch": [r.get("best_epoch") for r in mine],
         }
     )
