@@ -62,13 +62,19 @@ class _Alias(importlib.abc.Loader):
     def exec_module(self, module) -> None:  # already executed under its new name
         sys.modules[f"epr.{self.old}"] = module
 
+    def get_code(self, fullname):  # ``python -m epr.<old>`` runs the new module's code as __main__
+        _warn(self.old, self.new)
+        spec = importlib.util.find_spec(f"epr.{self.new}")
+        return spec.loader.get_code(spec.name)
+
 
 class _Finder(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname, path=None, target=None):
         if not fullname.startswith("epr.") or fullname[4:] not in MOVED:
             return None
         old = fullname[4:]
-        return importlib.util.spec_from_loader(fullname, _Alias(old, MOVED[old]))
+        origin = importlib.util.find_spec(f"epr.{MOVED[old]}").origin  # python -m: sys.argv[0], __file__
+        return importlib.util.spec_from_loader(fullname, _Alias(old, MOVED[old]), origin=origin)
 
 
 def install() -> None:

@@ -175,3 +175,19 @@ def test_old_module_paths_still_import_for_one_release_with_a_warning():
         from epr.truthfulqa import load_tqa  # noqa: F401
     with pytest.raises(ImportError):
         from epr.encoder import NoSuchName  # noqa: F401
+
+
+def test_old_module_paths_still_run_with_python_m():
+    """``python -m epr.truthfulqa_findings`` (the command older results name) runs the moved module as __main__,
+    with the warning; before the loader had ``get_code`` it died in runpy with an AttributeError."""
+    import subprocess
+    import sys
+
+    p = subprocess.run(
+        [sys.executable, "-W", "always::DeprecationWarning", "-m", "epr.truthfulqa_findings", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert p.returncode == 0, p.stderr
+    assert "findings across LMs" in p.stdout and "moved to epr.truthfulqa.findings" in p.stderr
