@@ -52,8 +52,8 @@ def _warn(old: str, new: str) -> None:
 
 
 class _Alias(importlib.abc.Loader):
-    def __init__(self, old: str, new: str):
-        self.old, self.new = old, new
+    def __init__(self, old: str, new: str, target):
+        self.old, self.new, self.target = old, new, target  # target: the new module's spec
 
     def create_module(self, spec):
         _warn(self.old, self.new)
@@ -64,8 +64,7 @@ class _Alias(importlib.abc.Loader):
 
     def get_code(self, fullname):  # ``python -m epr.<old>`` runs the new module's code as __main__
         _warn(self.old, self.new)
-        spec = importlib.util.find_spec(f"epr.{self.new}")
-        return spec.loader.get_code(spec.name)
+        return self.target.loader.get_code(self.target.name)
 
 
 class _Finder(importlib.abc.MetaPathFinder):
@@ -73,8 +72,11 @@ class _Finder(importlib.abc.MetaPathFinder):
         if not fullname.startswith("epr.") or fullname[4:] not in MOVED:
             return None
         old = fullname[4:]
-        origin = importlib.util.find_spec(f"epr.{MOVED[old]}").origin  # python -m: sys.argv[0], __file__
-        return importlib.util.spec_from_loader(fullname, _Alias(old, MOVED[old]), origin=origin)
+        # the new module's spec; its origin is what python -m sets as sys.argv[0] and __file__
+        new_spec = importlib.util.find_spec(f"epr.{MOVED[old]}")
+        return importlib.util.spec_from_loader(
+            fullname, _Alias(old, MOVED[old], new_spec), origin=new_spec.origin
+        )
 
 
 def install() -> None:
