@@ -98,3 +98,11 @@ def test_rows_from_dir_names_a_file_it_cannot_place(tmp_path):
     (tmp_path / "my-notes.json").write_text("{}")
     with pytest.raises(ValueError, match="my-notes.json"):
         curve_rows.rows_from_dir(tmp_path, "dev")
+
+
+def test_committed_scoreboard_is_what_the_curves_give():
+    """results/SCOREBOARD.md is regenerated from every results/*/curve.json; a curve changed without it is stale."""
+    from epr.reports.scoreboard import entries, load_curves, markdown
+
+    committed = (ROOT / "results" / "SCOREBOARD.md").read_text()
+    assert committed == markdown(entries(load_curves(ROOT / "results"))), "run python scripts/scoreboard.py"
