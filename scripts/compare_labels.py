@@ -1,0 +1,78 @@
+"""Two label sets of the same training examples side by side: how good their candidates are by the LM's own scores.
+
+    python scripts/compare_labels.py runs/mtop-curve/labels runs/mtop-round2/labels     # round 1 vs round 2
+
+Reads each run's ``labels/labels.jsonl`` (the ``labels`` stage's output: every candidate's LM score
+log p(y | candidate, x) per training example) and reports, over the examples both hold: the share of candidates they
+have in common, the mean best and median candidate score, and the share of examples whose best candidate is better
+in B. Re-mining (``candidates.miner: retriever``) is worth its scoring only where B's candidates are at least as
+good as the ones they replace; this shows whether they are.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+
+def load(path: Path) -> dict[int, dict]:
+    """``{qid: row}`` of a ``labels.jsonl`` (or the folder holding it)."""
+    path = path / "labels.jsonl" if path.is_dir() else path
+    rows = {}
+    with path.open() as f:
+        for i, line in enumerate(f, 1):
+            r = json.loads(line)
+            if not r.get("cand_scores") or len(r["cand_scores"]) != len(r.get("cands", ())):
+                raise ValueError(f"{path}:{i}: cand_scores missing or not one per candidate")
+            rows[r["qid"]] = r
+    return rows
+
+
+def compare(a: dict[int, dict], b: dict[int, dict]) -> dict:
+    """The two label sets on the examples both hold (pure: the numbers the script prints)."""
+    q = sorted(set(a) & set(b))
+    if not q:
+        raise ValueError("the two label sets share no training example")
+    best = np.array([[max(a[i]["cand_scores"]), max(b[i]["cand_scores"])] for i in q])
+    med = np.array([[np.median(a[i]["cand_scores"]), np.median(b[i]["cand_scores"])] for i in q])
+    overlap = [len(set(a[i]["cands"]) & set(b[i]["cands"])) / len(b[i]["cands"]) for i in q]
+    return {
+        "examples": len(q),
+        "only_a": len(set(a) - set(b)),
+        "only_b": len(set(b) - set(a)),
+        "candidates_shared": float(np.mean(overlap)),
+        "best_a": float(best[:, 0].mean()),
+        "best_b": float(best[:, 1].mean()),
+        "best_b_higher": float(np.mean(best[:, 1] > best[:, 0])),
+        "best_b_lower": float(np.mean(best[:, 1] < best[:, 0])),
+        "median_a": float(med[:, 0].mean()),
+        "median_b": float(med[:, 1].mean()),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("a", type=Path, help="labels folder (or labels.jsonl) A")
+    ap.add_argument("b", type=Path, help="labels folder (or labels.jsonl) B")
+    ap.add_argument("--json", action="store_true", help="print the numbers as JSON")
+    args = ap.parse_args(argv)
+    c = compare(load(args.a), load(args.b))
+    if args.json:
+        print(json.dumps(c, indent=1))
+        return 0
+    print(
+        f"{c['examples']} training examples in both ({c['only_a']} only in A, {c['only_b']} only in B); "
+        f"candidates shared: {c['candidates_shared']:.1%}\n"
+        f"best candidate's LM score (mean, nats): A {c['best_a']:.2f}, B {c['best_b']:.2f}; "
+        f"B's best higher on {c['best_b_higher']:.1%}, lower on {c['best_b_lower']:.1%}\n"
+        f"median candidate's LM score (mean, nats): A {c['median_a']:.2f}, B {c['median_b']:.2f}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,52 @@
+"""scripts/compare_labels.py: two label sets of the same training examples compared on hand-made rows, and a
+malformed row named by file and line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import load_script
+
+
+@pytest.fixture(scope="module")
+def cl():
+    return load_script("compare_labels")
+
+
+def _write(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_best_and_median_scores_and_shared_candidates(cl, tmp_path):
+    a = _write(tmp_path / "a.jsonl", [
+        {"qid": 1, "cands": [1, 2, 3, 4], "cand_scores": [-1.0, -2.0, -3.0, -10.0]},
+        {"qid": 2, "cands": [5, 6, 7, 8], "cand_scores": [-4.0, -5.0, -6.0, -7.0]},
+        {"qid": 3, "cands": [9, 10, 11, 12], "cand_scores": [-1.0, -1.0, -1.0, -1.0]},
+    ])  # fmt: skip
+    b = _write(tmp_path / "b.jsonl", [
+        {"qid": 1, "cands": [1, 2, 20, 21], "cand_scores": [-1.0, -2.0, -30.0, -40.0]},
+        {"qid": 2, "cands": [5, 30, 31, 32], "cand_scores": [-2.0, -3.0, -8.0, -9.0]},
+        {"qid": 4, "cands": [1, 2, 3, 4], "cand_scores": [0.0, 0.0, 0.0, 0.0]},
+    ])  # fmt: skip
+    c = cl.compare(cl.load(a), cl.load(b))
+    assert (c["examples"], c["only_a"], c["only_b"]) == (2, 1, 1)
+    assert c["candidates_shared"] == pytest.approx((2 / 4 + 1 / 4) / 2)
+    assert (c["best_a"], c["best_b"]) == (pytest.approx(-2.5), pytest.approx(-1.5))
+    assert (c["best_b_higher"], c["best_b_lower"]) == (0.5, 0.0)  # qid 1 tied, qid 2 higher
+    assert (c["median_a"], c["median_b"]) == (
+        pytest.approx((-2.5 - 5.5) / 2),
+        pytest.approx((-16.0 - 5.5) / 2),
+    )
+
+
+def test_a_row_without_a_score_per_candidate_is_named(cl, tmp_path):
+    good = {"qid": 1, "cands": [1, 2], "cand_scores": [-1.0, -2.0]}
+    _write(tmp_path / "labels.jsonl", [good, {"qid": 2, "cands": [1, 2], "cand_scores": [-1.0]}])
+    with pytest.raises(ValueError, match=r"labels.jsonl:2: cand_scores"):
+        cl.load(tmp_path)  # the folder holding labels.jsonl
+    assert cl.load(_write(tmp_path / "ok.jsonl", [good]))[1] == good
+    with pytest.raises(ValueError, match="share no training example"):
+        cl.compare({1: good}, {2: good})
