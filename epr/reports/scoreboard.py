@@ -49,13 +49,14 @@ def _learned(rows: list[dict]) -> list[dict]:
     ]
 
 
-def _vs_best(row: dict, refs: dict[str, dict], metric: str, gain_key: str, p_key: str) -> dict | None:
-    """The row against the reference that scores higher on ``metric``: {ref, ref value, gain, p}; None if unmeasured."""
+def _vs_best(row: dict, refs: dict[str, dict], metric: str, p_key: str, gain_key: str = "") -> dict | None:
+    """The row against the reference that scores higher on ``metric``: {ref, ref value, gain, p}; None if unmeasured.
+    The gain is the row's recorded paired gain (``gain_key``) where it has one, else the difference of the two values."""
     have = {n: r for n, r in refs.items() if r.get(metric) is not None}
     if row.get(metric) is None or not have:
         return None
     ref = max(have, key=lambda n: have[n][metric])
-    gain = row.get(gain_key.format(ref=ref))
+    gain = row.get(gain_key.format(ref=ref)) if gain_key else None
     if gain is None:
         gain = row[metric] - have[ref][metric]
     return {"ref": ref, "ref_value": have[ref][metric], "gain": gain, "p": row.get(p_key.format(ref=ref))}
@@ -77,10 +78,8 @@ def entries(curves: dict[str, dict]) -> list[dict]:
         rows = curve["rows"]
         refs = {r["retriever"]: r for r in rows if r["retriever"] in REFS and not r.get("loss")}
         for r in _learned(rows):
-            em = _vs_best(r, refs, "em", "em_gain_vs_{ref}", "p_vs_{ref}")
-            if em is not None:
-                em["gain"] = r["em"] - em["ref_value"]  # exact match: points, the difference of the two rates
-            lp = _vs_best(r, refs, "gold_logprob", "logprob_gain_vs_{ref}", "logprob_p_vs_{ref}")
+            em = _vs_best(r, refs, "em", "p_vs_{ref}")  # points: the difference of the two rates
+            lp = _vs_best(r, refs, "gold_logprob", "logprob_p_vs_{ref}", "logprob_gain_vs_{ref}")
             gap = (r.get("oracle_gap_captured") or {}).get("gold_logprob")
             gap_ci = (r.get("oracle_gap_captured_ci") or {}).get("gold_logprob")
             out.append(
