@@ -8,8 +8,8 @@ default; any dataset with a curve config: ``-c configs/smcalflow_curve.yaml``, `
     python scripts/learning_curve.py --from-rows --out results/mtop-curve-locked   # redraw a results folder from rows/
 
 Every step is resumable (stages, the run root's score cache, per-row files): rerun the same command after a kill.
-A row file is served while its key (what it was computed from: the encoder's or labels' fingerprint, the retrieve
-and prompt settings, the inference LM) matches, and a training seed whose learned rows are all served is not trained
+A row file is served while its key (what it was computed from: a learned row's encoder, a reference row's examples,
+the retrieve and prompt settings, the inference LM) matches, and a training seed whose learned rows are all served is not trained
 again: copy committed ``rows/`` into ``--out`` to add seeds to a committed run without retraining its seeds.
 
 1. Labels for the largest size (``configs/mtop_curve.yaml``: nested seeded label sets, so each smaller set is a
@@ -120,8 +120,8 @@ class DenseMetric:
 
 
 def row_key(ctx: Context, retriever: str, fp: str, n: int) -> dict:
-    """What a dense-metric row was computed from, by the stages' own fingerprint rules: ``fp`` (the run's labels or
-    encoder), the retrieve stage's keys for this one retriever (``retrieve.k``, the eval subset, the SBERT encoder,
+    """What a dense-metric row was computed from, by the stages' own fingerprint rules: ``fp`` (a learned row's
+    encoder; a reference row's ``reference_fp``), the retrieve stage's keys for this one retriever (``retrieve.k``, the eval subset, the SBERT encoder,
     ...), the prompts stage's keys (``retrieve.prompt_budget``, ``retrieve.max_demos``, the inference LM's
     tokenizer), the gold log-prob's scoring key (``models.inference_lm``: identity, dtype, forward) and ``n``."""
     import dataclasses
@@ -140,6 +140,14 @@ def row_key(ctx: Context, retriever: str, fp: str, n: int) -> dict:
         "prompts": pipeline.STAGES["prompts"].keys(one),
         "gold_logprob": scoring_key(cfg, inference=True),
     }
+
+
+def reference_fp(ctx: Context, ref: str) -> str:
+    """The upstream a reference row depends on, by the pipeline's own rule (``retrieve``'s deps): the untrained
+    encoder for the untrained rows; the examples alone for BM25, SBERT, BM25-Oracle and LM-Oracle, whose settings
+    ``row_key`` adds. Not the training labels: a reference row is served across label sets, re-mining rounds and
+    losses on the same examples, and recomputed when they (or its own settings) change."""
+    return pipeline.stage_fingerprint(ctx, "encoder" if ref in UNTRAINED else "examples")
 
 
 def row_cached(path: Path, key: dict) -> dict | None:
@@ -310,8 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     pipeline.run(untrained, until="encoder")
     for r in [r for r in a.refs.split(",") if r]:
         c = untrained if r in UNTRAINED else ref_ctx
-        fp = pipeline.stage_fingerprint(c, "encoder" if r in UNTRAINED else "labels")
-        add(UNTRAINED.get(r, r), None, None, c, r, fp)
+        add(UNTRAINED.get(r, r), None, None, c, r, reference_fp(c, r))
 
     # 3. the curve: train each (size, loss), dense metric
     runs: dict[tuple[int, str], Context] = {}

@@ -247,6 +247,23 @@ def test_curve_row_key_sees_what_the_row_depends_on(curve, tmp_path, retriever, 
     assert key(change) != key()
 
 
+@pytest.mark.parametrize("ref", ["bm25", "sbert", "lm-oracle", "untrained"])
+def test_a_reference_row_is_keyed_by_the_data_it_reads_not_by_the_training_labels(curve, tmp_path, ref):
+    """BM25 / SBERT / LM-Oracle rows read only the examples (the retrieve stage's deps): another label set, another
+    re-mining round or loss serves them; other examples recompute them. The untrained encoder keeps its encoder's key."""
+
+    def fp(*extra):
+        ctx = Context(load_config([], [f"run_root={tmp_path}", "data.task=demo", *extra]))
+        key = curve.row_key(ctx, curve.UNTRAINED.get(ref, ref), curve.reference_fp(ctx, ref), 10)
+        return json.dumps(key, sort_keys=True)
+
+    base = fp()
+    other_labels = fp("candidates.num_queries=7", "labels.k_pos=2", "labels.k_neg=2", "name=round2")
+    assert (other_labels == base) is (ref != "untrained")  # the untrained encoder's key includes its labels
+    assert fp("data.eval_limit=3") != base  # other examples: recomputed
+    assert (fp("candidates.L=12") != base) is (ref in ("lm-oracle", "untrained"))  # LM-Oracle re-ranks L candidates
+
+
 def test_an_added_option_at_its_neutral_default_keeps_the_fingerprint(tmp_path):
     """train.demo_fields came after encoders were trained; at its default (what the code did before it) it is left
     out of the encoder's keys, so those encoders and their rows stay valid; any other value changes them."""
