@@ -261,7 +261,8 @@ def test_a_reference_row_is_keyed_by_the_data_it_reads_not_by_the_training_label
     other_labels = fp("candidates.num_queries=7", "labels.k_pos=2", "labels.k_neg=2", "name=round2")
     assert (other_labels == base) is (ref != "untrained")  # the untrained encoder's key includes its labels
     assert fp("data.eval_limit=3") != base  # other examples: recomputed
-    assert (fp("candidates.L=12") != base) is (ref in ("lm-oracle", "untrained"))  # LM-Oracle re-ranks L candidates
+    # LM-Oracle re-ranks candidates.L candidates of each example; the untrained encoder's labels use them too
+    assert (fp("candidates.L=12") != base) is (ref in ("lm-oracle", "untrained"))
 
 
 def test_an_added_option_at_its_neutral_default_keeps_the_fingerprint(tmp_path):
