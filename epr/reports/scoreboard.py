@@ -125,7 +125,8 @@ def markdown(es: list[dict]) -> str:
         " each folder's README and `curve.md` name its machine, command and caveats). Per metric the reference is the"
         " better of BM25 and SBERT on the same examples. Exact match: points, McNemar (one seed) or exact sign test per"
         " example (pooled seeds); gold log-prob: nats per example, Wilcoxon signed-rank. **win** / **loss**: p < 0.05;"
-        " **tie**: not separable. Gap: the fraction of the BM25 → LM-Oracle gold log-prob gap captured, with its 95%"
+        " **tie**: not separable (each p alone, not corrected for the table's many rows: the pre-registered tests, Holm"
+        " included, are in each locked folder's README). Gap: the fraction of the BM25 → LM-Oracle gold log-prob gap captured, with its 95%"
         " paired interval, where the folder has an LM-Oracle row. `locked` rows were evaluated once, after the recipe"
         " was fixed: they decide. `dev` rows are where the recipe was chosen.",
         "",
