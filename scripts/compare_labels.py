@@ -18,17 +18,20 @@ from pathlib import Path
 
 import numpy as np
 
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from epr.artifacts import read_jsonl_lines  # noqa: E402
+
 
 def load(path: Path) -> dict[int, dict]:
     """``{qid: row}`` of a ``labels.jsonl`` (or the folder holding it)."""
     path = path / "labels.jsonl" if path.is_dir() else path
     rows = {}
-    with path.open() as f:
-        for i, line in enumerate(f, 1):
-            r = json.loads(line)
-            if not r.get("cand_scores") or len(r["cand_scores"]) != len(r.get("cands", ())):
-                raise ValueError(f"{path}:{i}: cand_scores missing or not one per candidate")
-            rows[r["qid"]] = r
+    for where, r in read_jsonl_lines(path, required=("qid", "cands", "cand_scores")):
+        if not r["cand_scores"] or len(r["cand_scores"]) != len(r["cands"]):
+            raise ValueError(f"{where}: cand_scores missing or not one per candidate")
+        rows[r["qid"]] = r
     return rows
 
 
