@@ -22,6 +22,8 @@ again: copy committed ``rows/`` into ``--out`` to add seeds to a committed run w
    trained one: the control that says whether a ``hybrid`` row's gain comes from the labels or from the fusion.
 4. Exact match (generation) for the rows that decide the bar (``--em``: the references and the largest size of
    each loss, by default), with paired exact McNemar tests against BM25 and SBERT on the same examples.
+   ``--em-method greedy`` reads it off the gold pass instead (no generation: an example counts when every gold
+   token is the LM's greedy choice; a lower bound of generated exact match, in a folder of its own).
 
 Writes ``curve.json`` (rows ``{retriever, loss, labels, n, em, p_vs_bm25, p_vs_sbert, gold_logprob, dpo}``),
 ``curve.md`` and ``curve.png`` into ``--out``, naming the machine.
@@ -36,8 +38,6 @@ import shlex
 import sys
 import time
 from pathlib import Path
-
-import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -57,6 +57,7 @@ from epr.reports.curve import (  # noqa: E402  (the rows' math and files; re-exp
     write_curve,
 )
 from epr.reports.curve_rows import rows_from_dir  # noqa: E402
+from epr.stages.dense_metric import DenseMetric  # noqa: E402
 
 log = logging.getLogger("learning_curve")
 
@@ -78,45 +79,6 @@ SPLIT_SETTINGS = {  # dev: the seeded evaluation subset every choice is made on;
 def ctx_for(args, name: str, *extra: str) -> Context:
     sets = [f"run_root={args.run_root}", *args.set, f"name={name}", *SPLIT_SETTINGS[args.split], *extra]
     return Context(load_config([args.config], sets))
-
-
-class DenseMetric:
-    """Gold log-prob (and DPO vs the empty context) of one retriever's prompts; the inference LM loaded once."""
-
-    def __init__(self, ctx: Context):
-        from epr.lm.factory import lm_spec, load, score_cache, scorer_for
-        from epr.stages.predict import gold_logprob
-        from epr.stages.retrieve import eval_examples
-
-        self.model, self.tok = load(lm_spec(ctx.cfg, inference=True))
-        self.scorer, self.cache = (
-            scorer_for(ctx.cfg, self.model, self.tok),
-            score_cache(ctx.cfg, inference=True),
-        )
-        self.ev = eval_examples(ctx)
-        task = ctx.task
-        self.empty = gold_logprob(
-            self.scorer, self.cache, task, [task.format_query(e.input) for e in self.ev], self.ev
-        )
-
-    def __call__(self, ctx: Context, retriever: str) -> dict:
-        from epr.retrieval.retrievers import make_retriever
-        from epr.stages.evaluate import logprob_metrics
-        from epr.stages.predict import gold_logprob
-        from epr.stages.prompts import prompt_maker
-
-        r = make_retriever(retriever, ctx.examples("pool"), ctx.task, ctx.cfg, ctx.encoder_dir(retriever))
-        make = prompt_maker(ctx, self.tok)
-        prompts = [make(e, ids) for e, ids in zip(self.ev, r.retrieve(self.ev, ctx.cfg.retrieve.k).ids)]
-        lp = gold_logprob(self.scorer, self.cache, ctx.task, [p.text for p in prompts], self.ev)
-        m = logprob_metrics(lp, self.empty)
-        return {
-            "n": len(self.ev),
-            "gold_logprob": m["gold_logprob"]["value"],
-            "gold_logprob_ci": [m["gold_logprob"]["ci_low"], m["gold_logprob"]["ci_high"]],
-            "dpo": m["dpo"]["value"],
-            "per_query_logprob": [None if np.isnan(v) else float(v) for v in lp],
-        }
 
 
 def row_key(ctx: Context, retriever: str, fp: str, n: int) -> dict:
@@ -171,7 +133,7 @@ def cached_row(path: Path, key: dict, compute) -> dict:
     return row
 
 
-def em_rows(ctx: Context, retrievers: list[str]) -> dict[str, dict]:
+def generated_em(ctx: Context, retrievers: list[str]) -> dict[str, dict]:
     """Run the compare stages (generation, resumable) for ``retrievers``; per-query correctness by retriever, and
     the task's other exact-match metrics (``metrics``: BREAK's LF-EM beside its NEM)."""
     pipeline.run(ctx, until="evaluate")
@@ -197,6 +159,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--losses", default="distill,listwise,epr")
     ap.add_argument(
         "--em", default="largest", help="which learned rows get exact match: largest | all | none"
+    )
+    ap.add_argument(
+        "--em-method",
+        choices=("generate", "greedy"),
+        default="generate",
+        help="exact match by greedy generation (the pipeline's predict stage), or read off the gold log-prob's "
+        "pass (greedy: every gold token is the LM's greedy choice; a lower bound of generated EM, ~no extra cost)",
     )
     ap.add_argument("--refs", default=",".join(REFERENCES), help="reference rows (gold log-prob)")
     ap.add_argument("--refs-em", default=",".join(REFERENCES), help="reference rows that get exact match")
@@ -346,6 +315,10 @@ def main(argv: list[str] | None = None) -> int:
     # 4. exact match for the rows that decide the bar
     em: dict[str, dict] = {}
     refs = [r for r in a.refs_em.split(",") if r]
+    if a.em_method == "greedy":  # read off the gold pass: no generation (DenseMetric.greedy_em)
+        em_rows = lambda c, rs: {r: metric.greedy_em(c, r) for r in rs}  # noqa: E731
+    else:
+        em_rows = generated_em
     if a.em != "none":
         plain = [r for r in refs if r not in UNTRAINED]
         ref_em = ctx_for(a, f"{a.name}/ref", top, f"retrieve.retrievers=[{','.join(plain)}]")

@@ -30,7 +30,7 @@ import torch
 
 from epr.lm.fastlm import FastLlama
 from epr.lm.kv_cache import KVCache
-from epr.lm.scoring import make_batches
+from epr.lm.scoring import first_max_index, make_batches
 
 __all__ = [
     "LeanDecoder",
@@ -128,11 +128,6 @@ def length_batches(lengths: Sequence[int], max_rows: int, max_tokens: int) -> li
     ``max_tokens`` per batch (at least one row each). Within a length-sorted group every batch is a contiguous
     run of positions, which ``LeanDecoder`` relies on."""
     return make_batches(lengths, max_tokens, max_rows, longest_first=False)
-
-
-def first_max_index(x: torch.Tensor) -> torch.Tensor:
-    """``x.argmax(-1)`` (the first index of the largest value on ties), computed with ``max``, which is faster."""
-    return x.max(-1).indices
 
 
 class LeanDecoder:

@@ -20,7 +20,15 @@ from pathlib import Path
 from epr.artifacts import atomic_write_text, remove_stale_temps
 from epr.cache import fingerprint
 
-__all__ = ["ScoreCache", "pair_key", "cached_scores", "export_scores", "import_scores"]
+__all__ = [
+    "ScoreCache",
+    "pair_key",
+    "cached_scores",
+    "cached_greedy",
+    "greedy_cache",
+    "export_scores",
+    "import_scores",
+]
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +123,56 @@ def cached_scores(
                 cache.put(c_ok, t_ok, list(vals), name)
             bar.update(len(part))
     return out
+
+
+def greedy_cache(cache: ScoreCache) -> ScoreCache:
+    """The store of greedy-match flags (1.0 / 0.0) beside ``cache``: the same computation key plus what it holds."""
+    return ScoreCache(cache.dir.parent, {**cache.key, "quantity": "greedy_match"})
+
+
+def cached_greedy(
+    scorer, cache: ScoreCache | None, contexts: list[str], targets: list[str], name: str, chunk: int = 256
+):
+    """``(log p, greedy)`` for each pair: the summed log-prob as :func:`cached_scores` gives it (a score the cache
+    holds is served unchanged) and whether greedy decoding after the context reproduces the target token for token
+    (``LMScorer.score_greedy``: ``1.0`` / ``0.0``, NaN for a pair longer than the LM's context). Both come from one
+    forward pass per pair not yet in the greedy store (kept beside ``cache``, written every ``chunk`` pairs)."""
+    import numpy as np
+    from tqdm.auto import tqdm
+
+    if not hasattr(scorer, "score_greedy"):
+        raise ValueError(f"{type(scorer).__name__} cannot check greedy matches: it needs the in-process LM")
+    gcache = greedy_cache(cache) if cache is not None else None
+    known = gcache.get(contexts, targets) if gcache is not None else [None] * len(contexts)
+    match = np.array([np.nan if v is None else v for v in known], dtype=np.float64)
+    lp = (
+        cached_scores(scorer, cache, contexts, targets, name, chunk, progress=False)
+        if all(v is not None for v in known)
+        else None
+    )
+    if lp is not None:
+        return lp, match
+    old = cache.get(contexts, targets) if cache is not None else [None] * len(contexts)
+    lp = np.array([np.nan if v is None else v for v in old], dtype=np.float64)
+    todo = [i for i, v in enumerate(known) if v is None]
+    pairs = scorer.encode([contexts[i] for i in todo], [targets[i] for i in todo])
+    long = set(scorer.too_long(pairs))
+    ok = [j for j in range(len(todo)) if j not in long]
+    with tqdm(total=len(ok), desc=f"greedy check [{name}]", unit="seq", disable=len(ok) <= chunk) as bar:
+        for a in range(0, len(ok), chunk):
+            part = ok[a : a + chunk]
+            rows = [todo[j] for j in part]
+            c_ok, t_ok = [contexts[i] for i in rows], [targets[i] for i in rows]
+            vals, m = scorer.score_greedy([pairs[j] for j in part])
+            vals = np.round(vals, 4)
+            new = [k for k, i in enumerate(rows) if old[i] is None]  # a held score is served, not replaced
+            lp[[rows[k] for k in new]] = vals[new]
+            match[rows] = m.astype(np.float64)
+            if cache is not None:
+                cache.put([c_ok[k] for k in new], [t_ok[k] for k in new], list(vals[new]), name)
+                gcache.put(c_ok, t_ok, list(m.astype(np.float64)), name)
+            bar.update(len(part))
+    return lp, match
 
 
 FORMAT = "epr-score-cache/1"

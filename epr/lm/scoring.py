@@ -56,6 +56,12 @@ def make_batches(
     return batches
 
 
+def first_max_index(x: torch.Tensor) -> torch.Tensor:
+    """``x.argmax(-1)`` (the first index of the largest value on ties), computed with ``max``, which is faster: the
+    greedy choice, as the lean decoder makes it and the scorer's greedy check reads it."""
+    return x.max(-1).indices
+
+
 class TokenScorer:
     """What every scorer shares: the tokenisation of (context, target) pairs and the context-window check. Subclasses
     implement ``score_ids(pairs)``; :class:`LMScorer` runs the LM in-process, ``epr.lm.served.ServerScorer`` asks an
@@ -168,13 +174,26 @@ class LMScorer(TokenScorer):
         return self.score_prefixed([prefix] * len(targets), [prefix] * len(targets), targets)
 
     def score_ids(self, pairs: Sequence[tuple[list[int], list[int]]]) -> np.ndarray:
+        return self._score_ids(pairs, greedy=False)[0]
+
+    def score_greedy(self, pairs: Sequence[tuple[list[int], list[int]]]) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`score_ids`, and for each pair whether every target token is the LM's greedy choice at its
+        position (the first index of the largest logit, as the lean decoder picks): then greedy decoding after the
+        context reproduces the target token for token. Read off the same forward pass (the teacher-forced check of
+        exact match, :func:`epr.lm.score_cache.cached_greedy`)."""
+        return self._score_ids(pairs, greedy=True)
+
+    def _score_ids(self, pairs, greedy: bool) -> tuple[np.ndarray, np.ndarray | None]:
         self._check_fits(pairs)
         items = [_Item(i, c + t, len(c)) for i, (c, t) in enumerate(pairs)]
         out = np.zeros(len(items), dtype=np.float64)
+        match = np.zeros(len(items), dtype=bool) if greedy else None
         for batch in make_batches([len(it.ids) for it in items], self.batch_tokens):
-            sums = self._forward([items[j] for j in batch])
+            sums, m = self._forward([items[j] for j in batch], greedy)
             out[[items[j].pos for j in batch]] = sums
-        return out
+            if greedy:
+                match[[items[j].pos for j in batch]] = m
+        return out, match
 
     @torch.inference_mode()
     def score_prefixed(
@@ -242,11 +261,11 @@ class LMScorer(TokenScorer):
                 start = torch.tensor([len(keys[gb[rows[r][0]]]) for r in b])
                 past = [(k.index_select(0, sel), v.index_select(0, sel)) for k, v in kv]
                 hidden = self.backbone.forward_after(ids.to(dev), start.to(dev), past, pmask[sel])
-                out[[rows[r][1] for r in b]] = self._target_sums(hidden, rr, cc, labels, seg, len(b))
+                out[[rows[r][1] for r in b]] = self._target_sums(hidden, rr, cc, labels, seg, len(b))[0]
         return out
 
     @torch.inference_mode()
-    def _forward(self, items: list[_Item]) -> np.ndarray:
+    def _forward(self, items: list[_Item], greedy: bool = False) -> tuple[np.ndarray, np.ndarray | None]:
         T = max(len(it.ids) for it in items)
         pad = self.tok.pad_token_id if self.tok.pad_token_id is not None else 0
         ids = torch.full((len(items), T), pad, dtype=torch.long)
@@ -263,19 +282,28 @@ class LMScorer(TokenScorer):
         # Right padding under a causal mask: real tokens never attend to the pads that follow them, so no
         # padding mask is needed and attention takes its fast is_causal path.
         hidden = self.backbone(ids.to(self.device))
-        return self._target_sums(hidden, rows, cols, labels, seg, len(items))
+        return self._target_sums(hidden, rows, cols, labels, seg, len(items), greedy)
 
     @torch.inference_mode()
-    def _target_sums(self, hidden, rows, cols, labels, seg, n: int) -> np.ndarray:
+    def _target_sums(
+        self, hidden, rows, cols, labels, seg, n: int, greedy: bool = False
+    ) -> tuple[np.ndarray, np.ndarray | None]:
         """Summed log-probs of the target tokens: the LM head only at the positions ``(rows, cols)`` of ``hidden``
-        that predict them, summed per sequence ``seg``."""
+        that predict them, summed per sequence ``seg``; with ``greedy``, also whether each sequence's target tokens
+        are all the first index of the largest logit (the greedy decoder's choice, in the head's own dtype)."""
         dev = self.device
         h = hidden[torch.cat(rows).to(dev), torch.cat(cols).to(dev)]  # (n_target_tokens, H)
-        logits = self.model.get_output_embeddings()(h).float()
-        lp = torch.log_softmax(logits, dim=-1).gather(1, torch.cat(labels).to(dev)[:, None])[:, 0]
+        raw = self.model.get_output_embeddings()(h)
+        lab = torch.cat(labels).to(dev)
+        seg = torch.cat(seg).to(dev)
+        lp = torch.log_softmax(raw.float(), dim=-1).gather(1, lab[:, None])[:, 0]
         sums = torch.zeros(n, dtype=torch.float64, device=dev)
-        sums.index_add_(0, torch.cat(seg).to(dev), lp.double())
-        return sums.cpu().numpy()
+        sums.index_add_(0, seg, lp.double())
+        if not greedy:
+            return sums.cpu().numpy(), None
+        miss = torch.zeros(n, dtype=torch.long, device=dev)
+        miss.index_add_(0, seg, (first_max_index(raw) != lab).long())
+        return sums.cpu().numpy(), (miss == 0).cpu().numpy()
 
 
 def _prefix_batches(groups: list[tuple[int, ...]], batch_tokens: int) -> list[list[int]]:

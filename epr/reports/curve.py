@@ -55,9 +55,19 @@ def save_em(rows_dir: Path, name: str, e: dict) -> None:
 def pooled(es: list[dict]) -> dict:
     """Several seeds' EM rows as one: examples x seeds, paired against a reference repeated per seed."""
     out = {k: [x for e in es for x in e[k]] for k in ("idx", "correct", "prediction")}
+    if len({em_method(e) for e in es}) > 1:
+        raise ValueError("pooling exact-match rows of different methods (generated and greedy)")
+    if "method" in es[0]:
+        out["method"] = es[0]["method"]
     if "metrics" in es[0]:
         out["metrics"] = {m: [x for e in es for x in e["metrics"][m]] for m in es[0]["metrics"]}
     return out
+
+
+def em_method(e: dict) -> str:
+    """How an exact-match row was measured: ``generate`` (greedy generation; rows without the field) or ``greedy``
+    (read off the gold pass: ``epr.stages.predict.greedy_exact``, a lower bound of the generated one)."""
+    return e.get("method", "generate")
 
 
 def em_values(e: dict, metric: str = "correct") -> list:
@@ -70,6 +80,8 @@ def paired_p(e: dict, ref: dict, k: int = 1, metric: str = "correct") -> float:
     correctness) against a reference's; with one seed, the exact McNemar test. The seeds of an example are not
     independent examples: pairing examples x seeds with a repeated reference would count each example k times."""
     n = len(ref["correct"])
+    if em_method(e) != em_method(ref):
+        raise ValueError(f"paired test across exact-match methods ({em_method(e)} vs {em_method(ref)})")
     if len(e["correct"]) != k * n or any(e["idx"][s * n : (s + 1) * n] != ref["idx"] for s in range(k)):
         raise ValueError("paired test on different examples")
     mean = np.mean(np.reshape(np.asarray(em_values(e, metric), dtype=float), (k, n)), axis=0)
@@ -136,7 +148,7 @@ def attach_em(rows: list[dict], em: dict[str, dict]) -> None:
         if key not in em:
             continue
         e, k = em[key], row["seeds"]
-        row["em_metrics"] = list(e.get("metrics", {}))
+        row["em_metrics"], row["em_method"] = list(e.get("metrics", {})), em_method(e)
         # the task's exact match ("em") and its other exact-match metrics, each with the same paired tests
         for m, field in [("em", "correct"), *((m, m) for m in row["em_metrics"])]:
             row[m] = 100.0 * float(np.mean(em_values(e, field)))
@@ -207,6 +219,7 @@ def write_curve(out: Path, rows: list[dict], a, t0: float, redraw_of: dict | Non
             "oracle_gap_captured_ci": {"gold_logprob": captured_ci(r)},
             "n": r.get("em_n", r["n"]),
             "em": r.get("em"),
+            **({"em_method": r["em_method"]} if r.get("em_method", "generate") != "generate" else {}),
             "p_vs_bm25": r.get("p_vs_bm25"),
             "p_vs_sbert": r.get("p_vs_sbert"),
             "gold_logprob": r["gold_logprob"],
@@ -269,6 +282,12 @@ def write_curve(out: Path, rows: list[dict], a, t0: float, redraw_of: dict | Non
         "on the same examples (p: Wilcoxon signed-rank; the median paired gain and the share of examples where the row "
         "is higher: the mean is heavy-tailed). EM: exact match (%), p: exact McNemar vs BM25 / SBERT "
         "on the same examples"
+        + (
+            " (**EM read off the gold pass, not generated**: an example counts when every gold token is the LM's "
+            "greedy choice after the prompt, a lower bound of generated exact match; `--em-method greedy`)"
+            if any(r.get("em_method") == "greedy" for r in slim)
+            else ""
+        )
         + (
             f"; the task's other exact-match metrics ({', '.join(extra)}) with the same tests."
             if extra

@@ -18,7 +18,7 @@ import numpy as np
 from epr.artifacts import read_jsonl, write_jsonl
 from epr.cache import ChunkStore
 from epr.context import Context
-from epr.lm.score_cache import cached_scores
+from epr.lm.score_cache import cached_greedy, cached_scores
 from epr.stages.retrieve import eval_examples
 
 log = logging.getLogger(__name__)
@@ -28,6 +28,32 @@ def gold_logprob(scorer, cache, task, contexts: list[str], ev: list) -> np.ndarr
     """``log p(gold answer | context)`` under the inference LM for each example (RAGSys's way of judging a
     retriever: one forward pass each, no generation), reusing and filling the score cache; NaN where too long."""
     return cached_scores(scorer, cache, list(contexts), [task.format_target(e.output) for e in ev], "gold")
+
+
+def greedy_exact(
+    scorer, cache, task, contexts: list[str], ev: list, max_new_tokens: int
+) -> tuple[list, np.ndarray]:
+    """Exact match read off the gold log-prob's forward pass, without generating: an example counts as correct when
+    every token of its formatted gold answer is the LM's greedy choice after the prompt (so greedy decoding
+    reproduces it token for token, up to the stop), the gold fits ``max_new_tokens``, and the text the decoder would
+    keep (cut at the task's stop) passes the task's metric. A lower bound of generated exact match: a generation
+    that reaches an equal answer through other tokens (another tokenisation, extra spaces) counts there, not here;
+    near-ties can flip between the two passes' float rounding. Returns the per-example rows ``{correct, metrics}``
+    (the task's other exact-match metrics of the kept text) and ``log p(gold | prompt)``."""
+    golds = [task.format_target(e.output) for e in ev]
+    lp, match = cached_greedy(scorer, cache, list(contexts), golds, "gold")
+    lengths = [len(t) for t in scorer.tok(golds, add_special_tokens=False)["input_ids"]]
+    rows = []
+    for e, g, m, n in zip(ev, golds, match, lengths):
+        kept = (g.split(task.stop, 1)[0] if task.stop else g).strip()
+        hit = bool(m == 1.0) and n <= max_new_tokens
+        rows.append(
+            {
+                "correct": hit and task.is_correct(kept, e.output),
+                "metrics": {k: hit and v for k, v in task.metrics(kept, e.output).items()},
+            }
+        )
+    return rows, lp
 
 
 def _num(v: float) -> float | None:
