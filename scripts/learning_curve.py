@@ -250,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     sm = read_manifest(base.stage_dir("scores"))
     a.labels_info = {"sequences": sm["rows"]["sequences"], "speed": sm.get("scoring_speed")}
 
-    metric = DenseMetric(base)
+    metric = DenseMetric(base, greedy=a.em_method == "greedy" and a.em != "none")
     rows: list[dict] = []
 
     def add(

@@ -18,7 +18,9 @@ def _row(correct, method=None):
 
 def test_agreement_counts_and_refusals():
     ea = load_script("em_agreement")
-    got = ea.agreement(_row([True, True, False, False, True]), _row([True, False, False, True, True], "greedy"))
+    got = ea.agreement(
+        _row([True, True, False, False, True]), _row([True, False, False, True, True], "greedy")
+    )
     assert got == {
         "n": 5,
         "em_generate": 60.0,
@@ -51,7 +53,10 @@ def test_the_script_prints_one_line_per_shared_row(tmp_path, capsys):
     ea = load_script("em_agreement")
     for d, method in (("gen", None), ("greedy", "greedy")):
         (tmp_path / d).mkdir()
-        for name, c in (("bm25", [False, True, False, False]), ("epr@2000-distill", [True, True, True, False])):
+        for name, c in (
+            ("bm25", [False, True, False, False]),
+            ("epr@2000-distill", [True, True, True, False]),
+        ):
             data = _row(c, method)
             (tmp_path / d / f"em-{name}.json.gz").write_bytes(gzip.compress(json.dumps(data).encode()))
     assert ea.main([str(tmp_path / "gen"), str(tmp_path / "greedy")]) == 0

@@ -13,9 +13,12 @@ __all__ = ["DenseMetric"]
 
 
 class DenseMetric:
-    """Gold log-prob (and DPO vs the empty context) of one retriever's prompts; the inference LM loaded once."""
+    """Gold log-prob (and DPO vs the empty context) of one retriever's prompts; the inference LM loaded once. With
+    ``greedy``, each row's pass also fills the greedy-match store, so its exact-match row (:meth:`greedy_em`) then
+    costs no second pass."""
 
-    def __init__(self, ctx: Context):
+    def __init__(self, ctx: Context, greedy: bool = False):
+        self.greedy = greedy
         from epr.lm.factory import lm_spec, load, score_cache, scorer_for
         from epr.stages.predict import gold_logprob
         from epr.stages.retrieve import eval_examples
@@ -59,10 +62,13 @@ class DenseMetric:
 
     def __call__(self, ctx: Context, retriever: str) -> dict:
         from epr.stages.evaluate import logprob_metrics
-        from epr.stages.predict import gold_logprob
+        from epr.stages.predict import gold_logprob, greedy_exact
 
         texts = self.prompts(ctx, retriever)
-        lp = gold_logprob(self.scorer, self.cache, ctx.task, texts, self.ev)
+        if self.greedy:  # the same log-probs (held ones served unchanged), the greedy store filled on the way
+            _, lp = greedy_exact(self.scorer, self.cache, ctx.task, texts, self.ev, 0)
+        else:
+            lp = gold_logprob(self.scorer, self.cache, ctx.task, texts, self.ev)
         m = logprob_metrics(lp, self.empty)
         return {
             "n": len(self.ev),

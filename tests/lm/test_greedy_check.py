@@ -95,3 +95,41 @@ def test_greedy_exact_is_a_lower_bound_of_generated_exact_match_on_smollm2():
     assert all(g["correct"] for g in got2)  # each answer the decoder generated and ended, the gold pass finds
     short, _ = greedy_exact(sc, None, task, prompts, ev, 2)  # golds longer than the decoder may generate
     assert not any(g["correct"] for g in short)
+
+
+def test_the_dense_metric_fills_the_greedy_store_in_its_own_pass(
+    tmp_path, tiny_lm_dir, minilm_dir, monkeypatch
+):
+    """With ``greedy`` the curve's dense metric gives the same log-probs as without (held ones served) and fills the
+    greedy-match store on the way, so the row's exact match (``greedy_em``) runs no forward pass; the row holds the
+    evaluation examples in order, says its method, and agrees with the scorer's own check."""
+    from epr import pipeline
+    from epr.config import load_config
+    from epr.context import Context
+    from epr.stages.dense_metric import DenseMetric
+    from tests.conftest import write_tiny_task
+    from tests.stages.test_pipeline import ctx_overrides
+
+    (tmp_path / "data").mkdir()
+    data = write_tiny_task(tmp_path / "data")
+    sets = ctx_overrides(
+        tmp_path, data, tiny_lm_dir, f"models.encoder={minilm_dir}", "generate.max_new_tokens=64"
+    )
+    ctx = Context(load_config([], sets))
+    pipeline.run(ctx, until="examples")
+    plain = DenseMetric(ctx)(ctx, "bm25")
+    dm = DenseMetric(ctx, greedy=True)
+    row = dm(ctx, "bm25")
+    assert row["per_query_logprob"] == plain["per_query_logprob"]
+    texts = dm.prompts(ctx, "bm25")
+    pairs = dm.scorer.encode(texts, [ctx.task.format_target(e.output) for e in dm.ev])
+    _, want = dm.scorer.score_greedy(pairs)
+
+    def no_pass(*a, **k):
+        raise AssertionError("a second forward pass")
+
+    monkeypatch.setattr(dm.scorer, "score_greedy", no_pass)
+    monkeypatch.setattr(dm.scorer, "score_ids", no_pass)
+    em = dm.greedy_em(ctx, "bm25")
+    assert em["method"] == "greedy" and em["idx"] == [e.idx for e in dm.ev]
+    assert em["correct"] == [bool(w) for w in want]
