@@ -83,3 +83,12 @@ def test_locked_rows_come_first_and_the_script_checks_the_committed_file(tmp_pat
     assert subprocess.run(script, capture_output=True).returncode == 0
     assert (tmp_path / "SCOREBOARD.md").read_text() == md
     assert subprocess.run([*script, "--check"], capture_output=True).returncode == 0
+
+
+def test_the_recipe_names_what_the_run_changed_and_how_exact_match_was_counted():
+    from epr.reports.scoreboard import _recipe
+
+    assert _recipe("learning_curve.py --split locked") == "-"
+    cmd = "learning_curve.py --set models.inference_lm=gemma3-270m --em-method greedy"
+    assert _recipe(cmd) == "inference LM gemma3-270m, EM read off the gold pass"
+    assert "gold pass" not in _recipe("learning_curve.py --em-method generate")
