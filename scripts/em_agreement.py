@@ -12,8 +12,6 @@ counts that generation does not come only from float rounding at near-ties betwe
 from __future__ import annotations
 
 import argparse
-import gzip
-import json
 import sys
 from pathlib import Path
 
@@ -21,13 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from epr.reports.curve import em_method, paired_p  # noqa: E402
-
-
-def load(rows_dir: Path) -> dict[str, dict]:
-    return {
-        f.name[len("em-") : -len(".json.gz")]: json.loads(gzip.decompress(f.read_bytes()))
-        for f in sorted(Path(rows_dir).glob("em-*.json.gz"))
-    }
+from epr.reports.curve_rows import load_em  # noqa: E402
 
 
 def agreement(gen: dict, greedy: dict) -> dict:
@@ -55,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("generated", type=Path, help="a rows/ folder of generated exact-match rows")
     ap.add_argument("greedy", type=Path, help="a rows/ folder of the same rows read off the gold pass")
     a = ap.parse_args(argv)
-    gen, gr = load(a.generated), load(a.greedy)
+    gen, gr = load_em(a.generated), load_em(a.greedy)
     names = [x for x in gen if x in gr]
     if not names:
         ap.error(f"no exact-match row is in both {a.generated} and {a.greedy}")

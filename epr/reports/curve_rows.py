@@ -11,10 +11,20 @@ from pathlib import Path
 
 from epr.reports.curve import BASE_SEED, add_pooled, pooled
 
-__all__ = ["REFERENCE_ORDER", "rows_from_dir"]
+__all__ = ["REFERENCE_ORDER", "load_em", "rows_from_dir"]
 
 REFERENCE_ORDER = ("bm25", "sbert", "untrained", "untrained-hybrid", "bm25-oracle", "lm-oracle")
 _LEARNED = re.compile(r"^(?P<retriever>[a-z]+)@(?P<labels>\d+)-(?P<loss>[a-z]+)(?:-s(?P<seed>\d+))?$")
+
+
+def load_em(rows_dir: Path) -> dict[str, dict]:
+    """A results folder's exact-match rows (``em-<name>.json.gz``, as ``save_em`` writes them) by row name."""
+    import gzip
+
+    return {
+        f.name[len("em-") : -len(".json.gz")]: json.loads(gzip.decompress(f.read_bytes()))
+        for f in sorted(Path(rows_dir).glob("em-*.json.gz"))
+    }
 
 
 def rows_from_dir(rows_dir: Path, split: str) -> tuple[list[dict], dict[str, dict]]:
@@ -22,7 +32,6 @@ def rows_from_dir(rows_dir: Path, split: str) -> tuple[list[dict], dict[str, dic
     each dense row file (``bm25.json``, ``epr@2000-distill-s1.json``, ...) is one row, named as the script names
     it; seeds of one point are pooled as the script pools them; ``em-<name>.json.gz`` are its exact-match rows.
     ``write_curve`` on the result redraws ``curve.json`` / ``.md`` / ``.png`` from committed files."""
-    import gzip
 
     refs, learned = [], []
     for f in sorted(rows_dir.glob("*.json")):
@@ -56,10 +65,7 @@ def rows_from_dir(rows_dir: Path, split: str) -> tuple[list[dict], dict[str, dic
         rows += mine
         for retriever in sorted({r["retriever"] for r in mine}):
             add_pooled(rows, n, loss, [r["seed"] for r in mine if r["retriever"] == retriever], retriever)
-    em = {
-        f.name[len("em-") : -len(".json.gz")]: json.loads(gzip.decompress(f.read_bytes()))
-        for f in sorted(rows_dir.glob("em-*.json.gz"))
-    }
+    em = load_em(rows_dir)
     for n, loss in points:  # the seeds' EM rows pooled as the script pools them
         names = [
             r["name"]
