@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         "--learned",
         default="epr",
         help="the rows measured with each trained encoder: epr (the dual encoder alone), hybrid (fused with BM25 "
-        "by reciprocal rank); exact match is run for epr",
+        "by reciprocal rank); exact match for each of them",
     )
     ap.add_argument(
         "--from-rows",
@@ -333,12 +333,12 @@ def main(argv: list[str] | None = None) -> int:
                 "retrieve.retrievers=[epr]",
             )
             em["untrained"] = em_rows(u, ["epr"])["epr"]
-        for n, loss, seed in runs:
+        for (n, loss, seed), r in ((k, r) for k in runs for r in learned):  # each learned row: epr, hybrid
             if a.em == "all" or n == sizes[-1]:
-                c2 = curve_ctx(a, n, loss, seed, "retrieve.retrievers=[epr]")
-                em[seeded(f"epr@{n}-{loss}", seed)] = em_rows(c2, ["epr"])["epr"]
-                if len(seeds) > 1 and all(seeded(f"epr@{n}-{loss}", s) in em for s in seeds):
-                    em[f"epr@{n}-{loss}-pooled"] = pooled([em[seeded(f"epr@{n}-{loss}", s)] for s in seeds])
+                c2 = curve_ctx(a, n, loss, seed, f"retrieve.retrievers=[{r}]")
+                em[seeded(f"{r}@{n}-{loss}", seed)] = em_rows(c2, [r])[r]
+                if len(seeds) > 1 and all(seeded(f"{r}@{n}-{loss}", s) in em for s in seeds):
+                    em[f"{r}@{n}-{loss}-pooled"] = pooled([em[seeded(f"{r}@{n}-{loss}", s)] for s in seeds])
                 attach_em(rows, em)
                 write_curve(out, rows, a, t0)
     attach_em(rows, em)

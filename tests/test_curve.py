@@ -234,3 +234,33 @@ def test_extra_exact_match_metrics_get_their_own_paired_tests(curve, tmp_path):
     assert "| lf_em | lf_em p vs BM25 | lf_em p vs SBERT |" in md and "(lf_em) with the same tests" in md
     header, rule = [line for line in md.splitlines() if line.startswith("|")][:2]
     assert header.count("|") == rule.count("|")
+
+
+def test_rows_from_dir_pools_each_learned_retrievers_exact_match_on_its_own(curve, tmp_path):
+    """``--learned epr,hybrid`` writes exact-match rows for both; redrawn from ``rows/``, each retriever's seeds pool
+    into its own row (never epr's seeds with hybrid's), with its own paired tests."""
+    from epr.reports.curve_rows import rows_from_dir
+
+    rows_dir = tmp_path / "rows"
+    rows_dir.mkdir()
+    n, seeds = 40, [42, 1, 2]
+    idx = list(range(n))
+    bm25 = np.full(n, -10.0)
+    (rows_dir / "bm25.json").write_text(json.dumps(_row("bm25", None, None, bm25)))
+    curve.save_em(
+        rows_dir, "bm25", {"idx": idx, "correct": [i % 4 == 0 for i in idx], "prediction": ["x"] * n}
+    )
+    right = {"epr": 10, "hybrid": 20}  # examples below which each retriever is right (besides BM25's)
+    for r, m in right.items():
+        for s in seeds:
+            name = curve.seeded(f"{r}@100-distill", s)
+            (rows_dir / f"{name}.json").write_text(json.dumps(_row(name, "distill", 100, bm25 + 1, s)))
+            e = {"idx": idx, "correct": [i % 4 == 0 or i < m for i in idx], "prediction": ["x"] * n}
+            curve.save_em(rows_dir, name, e)
+    rows, em = rows_from_dir(rows_dir, "locked")
+    curve.attach_em(rows, em)
+    by = {r["name"]: r for r in rows}
+    assert by["epr@100-distill-pooled"]["em"] == pytest.approx(100 * 17 / 40)
+    assert by["hybrid@100-distill-pooled"]["em"] == pytest.approx(100 * 25 / 40)
+    assert by["hybrid@100-distill-pooled"]["p_vs_bm25"] == pytest.approx(curve.mcnemar_exact(15, 0))
+    assert len(em["hybrid@100-distill-pooled"]["correct"]) == 3 * n

@@ -66,12 +66,13 @@ def rows_from_dir(rows_dir: Path, split: str) -> tuple[list[dict], dict[str, dic
         for retriever in sorted({r["retriever"] for r in mine}):
             add_pooled(rows, n, loss, [r["seed"] for r in mine if r["retriever"] == retriever], retriever)
     em = load_em(rows_dir)
-    for n, loss in points:  # the seeds' EM rows pooled as the script pools them
-        names = [
-            r["name"]
-            for r in rows
-            if (r["labels"], r["loss"], r["seeds"], r["retriever"]) == (n, loss, 1, "epr")
-        ]
-        if len(names) > 1 and all(x in em for x in names):
-            em[f"epr@{n}-{loss}-pooled"] = pooled([em[x] for x in names])
+    for n, loss in points:  # the seeds' EM rows of each learned retriever pooled as the script pools them
+        for retriever in sorted({r["retriever"] for r in learned}):
+            names = [
+                r["name"]
+                for r in rows
+                if (r["labels"], r["loss"], r["seeds"], r["retriever"]) == (n, loss, 1, retriever)
+            ]
+            if len(names) > 1 and all(x in em for x in names):
+                em[f"{retriever}@{n}-{loss}-pooled"] = pooled([em[x] for x in names])
     return rows, em
