@@ -333,12 +333,16 @@ def main(argv: list[str] | None = None) -> int:
                 "retrieve.retrievers=[epr]",
             )
             em["untrained"] = em_rows(u, ["epr"])["epr"]
-        for (n, loss, seed), r in ((k, r) for k in runs for r in learned):  # each learned row: epr, hybrid
+        for n, loss, seed in runs:
             if a.em == "all" or n == sizes[-1]:
-                c2 = curve_ctx(a, n, loss, seed, f"retrieve.retrievers=[{r}]")
-                em[seeded(f"{r}@{n}-{loss}", seed)] = em_rows(c2, [r])[r]
-                if len(seeds) > 1 and all(seeded(f"{r}@{n}-{loss}", s) in em for s in seeds):
-                    em[f"{r}@{n}-{loss}-pooled"] = pooled([em[seeded(f"{r}@{n}-{loss}", s)] for s in seeds])
+                # every learned row of this encoder (epr, hybrid) in one run: one compare stage generates them all
+                c2 = curve_ctx(a, n, loss, seed, f"retrieve.retrievers=[{','.join(learned)}]")
+                for r, e in em_rows(c2, learned).items():
+                    em[seeded(f"{r}@{n}-{loss}", seed)] = e
+                    if len(seeds) > 1 and all(seeded(f"{r}@{n}-{loss}", s) in em for s in seeds):
+                        em[f"{r}@{n}-{loss}-pooled"] = pooled(
+                            [em[seeded(f"{r}@{n}-{loss}", s)] for s in seeds]
+                        )
                 attach_em(rows, em)
                 write_curve(out, rows, a, t0)
     attach_em(rows, em)
