@@ -65,7 +65,9 @@ def _seeds(rows: list[dict], pooled_row: dict) -> list[int]:
     return [
         r["seed"]
         for r in rows
-        if r["seeds"] == 1 and r["loss"] == pooled_row["loss"] and r["labels"] == pooled_row["labels"]
+        if r["seeds"] == 1
+        and (r["retriever"], r["loss"], r["labels"])
+        == (pooled_row["retriever"], pooled_row["loss"], pooled_row["labels"])
     ]
 
 
