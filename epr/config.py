@@ -248,9 +248,9 @@ def _validate(cfg: ExperimentConfig) -> None:
         ),
         (cfg.train.teacher_temperature > 0, "train.teacher_temperature must be > 0"),
         (
-            (cfg.candidates.miner == "retriever") == (cfg.candidates.mine_run is not None),
+            (cfg.candidates.miner in ("retriever", "mixed")) == (cfg.candidates.mine_run is not None),
             "candidates.mine_run names the run whose trained encoder mines: set it with candidates.miner=retriever "
-            f"(and only then); got miner={cfg.candidates.miner}, mine_run={cfg.candidates.mine_run}",
+            f"or mixed (and only then); got miner={cfg.candidates.miner}, mine_run={cfg.candidates.mine_run}",
         ),
     ]
     for name in cfg.retrieve.retrievers:

@@ -124,12 +124,13 @@ class CandidatesConfig:
     miner: str = opt(
         "bm25",
         "who mines the L candidates: bm25 (EPR: over candidates.view) | retriever (iterative re-mining, UDR / "
-        "LLM-R: the trained encoder of candidates.mine_run, query tower on x, prompt tower on the pool)",
-        ("bm25", "retriever"),
+        "LLM-R: the trained encoder of candidates.mine_run, query tower on x, prompt tower on the pool) | mixed "
+        "(the retriever's top ceil(L/2), then BM25's best not among them)",
+        ("bm25", "retriever", "mixed"),
     )
     mine_run: str | None = opt(
         None,
-        "miner=retriever: the run folder whose trained encoder mines (round r); this run is round r + 1",
+        "miner=retriever or mixed: the run folder whose trained encoder mines (round r); this run is round r + 1",
     )
 
 

@@ -87,8 +87,10 @@ def _candidates_keys(ctx: Context) -> dict:
     sec = ctx.cfg.section("candidates")
     miner, _ = sec.pop("miner"), sec.pop("mine_run")  # BM25 (round 1) keys stay as they were before re-mining
     keys = {"candidates": sec, "query_order": "nested-permutation"}
-    if miner == "retriever":  # which encoder mined, and the round; not where its run folder lives
+    if miner in ("retriever", "mixed"):  # which encoder mined, and the round; not where its run folder lives
         keys["mined_by"] = candidates.miner_identity(ctx.cfg)
+    if miner == "mixed":
+        keys["miner"] = miner
     return keys
 
 

@@ -90,7 +90,8 @@ def test_every_field_has_help():
 
 
 COMPANIONS = {
-    ("candidates.miner", "retriever"): ["candidates.mine_run=runs/round1"]
+    ("candidates.miner", "retriever"): ["candidates.mine_run=runs/round1"],
+    ("candidates.miner", "mixed"): ["candidates.mine_run=runs/round1"],
 }  # a choice's required partner
 
 

@@ -33,6 +33,10 @@ def _recipe(command: str) -> str:
     parts = []
     if sets.get("candidates.miner") == "retriever":
         parts.append("re-mined (round 2)")
+    if sets.get("candidates.miner") == "mixed":
+        parts.append("re-mined, half BM25 (round 2)")
+    if "models.lm" in sets:
+        parts.append(f"labels by {sets['models.lm']}")
     if "models.inference_lm" in sets:
         parts.append(f"inference LM {sets['models.inference_lm']}")
     if "--em-method greedy" in (command or ""):

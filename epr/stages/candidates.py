@@ -10,6 +10,10 @@ retrieves each labelled example's L candidates (query tower on its input, prompt
 scores the demonstrations the retriever now believes in, and the next training round sees its own mistakes as
 hard negatives. The round-r encoder's fingerprint and the round number are part of this stage's key; the scores
 stage then scores only the pairs the run root's score cache does not already hold.
+
+Mixed (``candidates.miner: mixed``): the retriever's top ceil(L / 2) and BM25's best that are not among them, up to L
+(half retriever-mined, half output-mined): where re-mining finds few good demonstrations (SMCalFlow, RESULTS 5k),
+BM25-over-outputs keeps the candidates the LM rated well in round 1. Each candidate keeps its own miner's score.
 """
 
 from __future__ import annotations
@@ -112,6 +116,22 @@ def mine_with_retriever(ctx: Context, qids: np.ndarray) -> tuple[list[Ranking], 
     return rankings_of(qids, hits.ids, hits.scores), ident["round"]
 
 
+def mix(first: list[Ranking], second: list[Ranking], L: int) -> list[Ranking]:
+    """Per query: ``first``'s top ceil(L / 2), then ``second``'s best not among them, up to ``L`` (each with its own
+    score)."""
+    out = []
+    for a, b in zip(first, second, strict=True):
+        ids, sc = list(a.ids[: (L + 1) // 2]), list(a.scores[: (L + 1) // 2])
+        for i, s in zip(b.ids, b.scores):
+            if len(ids) == L:
+                break
+            if i not in ids:
+                ids.append(i)
+                sc.append(s)
+        out.append(Ranking(a.qid, ids, sc))
+    return out
+
+
 def run_candidates(ctx: Context, out, fp: str) -> dict:
     c = ctx.cfg.candidates
     pool = ctx.examples("pool")
@@ -119,6 +139,10 @@ def run_candidates(ctx: Context, out, fp: str) -> dict:
     if c.miner == "retriever":
         rankings, rnd = mine_with_retriever(ctx, qids)
         how = f"the trained encoder of {c.mine_run}"
+    elif c.miner == "mixed":
+        retrieved, rnd = mine_with_retriever(ctx, qids)
+        rankings = mix(retrieved, mine(pool, qids, c.L, c.view, c.backend), c.L)
+        how = f"the trained encoder of {c.mine_run} (top {(c.L + 1) // 2}) and {c.backend} over {c.view}"
     else:
         rankings, rnd = mine(pool, qids, c.L, c.view, c.backend), 1
         how = f"{c.backend} over {c.view}"

@@ -92,3 +92,6 @@ def test_the_recipe_names_what_the_run_changed_and_how_exact_match_was_counted()
     cmd = "learning_curve.py --set models.inference_lm=gemma3-270m --em-method greedy"
     assert _recipe(cmd) == "inference LM gemma3-270m, EM read off the gold pass"
     assert "gold pass" not in _recipe("learning_curve.py --em-method generate")
+    cmd = "learning_curve.py --set models.lm=gemma3-270m --set models.inference_lm=smollm2"
+    assert _recipe(cmd) == "labels by gemma3-270m, inference LM smollm2"
+    assert _recipe("x --set candidates.miner=mixed") == "re-mined, half BM25 (round 2)"

@@ -120,6 +120,39 @@ def test_round_two_mines_with_round_one_encoder(round1, tmp_path, tiny_task_file
     assert read_manifest(r3.stage_dir("candidates"))["round"] == 3
 
 
+def test_mixed_candidates_are_the_retrievers_top_half_then_bm25s_best(
+    round1, tmp_path, tiny_task_files, tiny_lm_dir, minilm_dir
+):
+    """``candidates.miner=mixed``: per query the round-1 encoder's top ceil(L / 2), then BM25's best not among them
+    (round 1's own candidates, in BM25's order), L distinct ids without the query; round 2, keyed apart from a
+    retriever-only round 2 of the same encoder."""
+    r2 = remine(tmp_path, tiny_task_files, tiny_lm_dir, minilm_dir, "r2", round1.cfg.run_dir)
+    mixed = make(
+        tmp_path,
+        tiny_task_files,
+        tiny_lm_dir,
+        minilm_dir,
+        "r2-mixed",
+        "candidates.miner=mixed",
+        f"candidates.mine_run={round1.cfg.run_dir}",
+    )
+    for c in (r2, mixed):
+        pipeline.run(c, until="candidates")
+    L = mixed.cfg.candidates.L
+    h = (L + 1) // 2
+    got, retrieved, bm25 = rankings(mixed), rankings(r2), rankings(round1)
+    assert [g["qid"] for g in got] == [r["qid"] for r in retrieved] == [b["qid"] for b in bm25]
+    changed = 0
+    for g, r, b in zip(got, retrieved, bm25):
+        assert g["ids"][:h] == r["ids"][:h] and g["scores"][:h] == r["scores"][:h]
+        assert g["ids"][h:] == [i for i in b["ids"] if i not in r["ids"][:h]][: L - h]
+        assert len(set(g["ids"])) == L and g["qid"] not in g["ids"]
+        changed += g["ids"] != r["ids"]
+    assert changed > 0  # not the retriever's candidates under another name
+    assert read_manifest(mixed.stage_dir("candidates"))["round"] == 2
+    assert pipeline.stage_fingerprint(mixed, "candidates") != pipeline.stage_fingerprint(r2, "candidates")
+
+
 def test_round_two_is_fingerprinted_by_the_round_one_encoder(
     round1, tmp_path, tiny_task_files, tiny_lm_dir, minilm_dir
 ):
