@@ -7,6 +7,12 @@ log p(y | candidate, x) per training example) and reports, over the examples bot
 have in common, the mean best and median candidate score, and the share of examples whose best candidate is better
 in B. Re-mining (``candidates.miner: retriever``) is worth its scoring only where B's candidates are at least as
 good as the ones they replace; this shows whether they are.
+
+Where the two sets share candidates (the same candidates scored by two LMs: ``--set models.lm=...``), it also
+reports how alike the two LMs rank them: the mean Spearman correlation of their scores over each example's shared
+candidates, and the share of A's top k (the positives, ``labels.k_pos``) among them that are B's top k too.
+
+    python scripts/compare_labels.py runs/mtop-curve/labels runs/mtop-gemma-labels/labels   # SmolLM2 vs Gemma
 """
 
 from __future__ import annotations
@@ -35,7 +41,33 @@ def load(path: Path) -> dict[int, dict]:
     return rows
 
 
-def compare(a: dict[int, dict], b: dict[int, dict]) -> dict:
+def agreement(a: dict[int, dict], b: dict[int, dict], q: list[int], k: int) -> dict:
+    """How alike A and B rank the candidates they share, per example: Spearman's rho (examples with >= 3 shared
+    candidates whose scores are not all tied) and the share of A's top k that are B's top k (examples with more
+    than k shared)."""
+    from scipy.stats import spearmanr
+
+    rhos, tops = [], []
+    for i in q:
+        sa, sb = (dict(zip(x[i]["cands"], x[i]["cand_scores"])) for x in (a, b))
+        shared = [c for c in b[i]["cands"] if c in sa]
+        xa, xb = [sa[c] for c in shared], [sb[c] for c in shared]
+        if len(shared) >= 3 and len(set(xa)) > 1 and len(set(xb)) > 1:
+            rhos.append(float(spearmanr(xa, xb).statistic))
+        if len(shared) > k:
+            top = [
+                set(np.array(shared)[np.argsort(-np.array(x), kind="stable")[:k]].tolist()) for x in (xa, xb)
+            ]
+            tops.append(len(top[0] & top[1]) / k)
+    return {
+        "rank_agreement": float(np.mean(rhos)) if rhos else None,
+        "rank_agreement_examples": len(rhos),
+        "top_k": k,
+        "top_k_shared": float(np.mean(tops)) if tops else None,
+    }
+
+
+def compare(a: dict[int, dict], b: dict[int, dict], k: int = 3) -> dict:
     """The two label sets on the examples both hold (pure: the numbers the script prints)."""
     q = sorted(set(a) & set(b))
     if not q:
@@ -54,6 +86,7 @@ def compare(a: dict[int, dict], b: dict[int, dict]) -> dict:
         "best_b_lower": float(np.mean(best[:, 1] < best[:, 0])),
         "median_a": float(med[:, 0].mean()),
         "median_b": float(med[:, 1].mean()),
+        **agreement(a, b, q, k),
     }
 
 
@@ -62,8 +95,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("a", type=Path, help="labels folder (or labels.jsonl) A")
     ap.add_argument("b", type=Path, help="labels folder (or labels.jsonl) B")
     ap.add_argument("--json", action="store_true", help="print the numbers as JSON")
+    ap.add_argument("--k", type=int, default=3, help="top k compared (labels.k_pos)")
     args = ap.parse_args(argv)
-    c = compare(load(args.a), load(args.b))
+    c = compare(load(args.a), load(args.b), args.k)
     if args.json:
         print(json.dumps(c, indent=1))
         return 0
@@ -74,6 +108,11 @@ def main(argv: list[str] | None = None) -> int:
         f"B's best higher on {c['best_b_higher']:.1%}, lower on {c['best_b_lower']:.1%}\n"
         f"median candidate's LM score (mean, nats): A {c['median_a']:.2f}, B {c['median_b']:.2f}"
     )
+    if c["rank_agreement"] is not None:
+        print(
+            f"on the shared candidates: Spearman {c['rank_agreement']:.3f} (mean over "
+            f"{c['rank_agreement_examples']} examples); A's top {c['top_k']} among B's: {c['top_k_shared']:.1%}"
+        )
     return 0
 
 

@@ -42,6 +42,26 @@ def test_best_and_median_scores_and_shared_candidates(cl, tmp_path):
     )
 
 
+def test_how_alike_two_lms_rank_the_same_candidates(cl):
+    same = [1, 2, 3, 4, 5]
+    a = {
+        1: {"cands": same, "cand_scores": [-1.0, -2.0, -3.0, -4.0, -5.0]},
+        2: {"cands": same, "cand_scores": [-1.0, -2.0, -3.0, -4.0, -5.0]},
+        3: {"cands": [1, 2, 9, 10, 11], "cand_scores": [-1.0, -2.0, -3.0, -4.0, -5.0]},  # 2 shared: left out
+    }
+    b = {
+        1: {
+            "cands": same[::-1],
+            "cand_scores": [-5.0, -4.0, -3.0, -2.0, -1.0],
+        },  # the same order, listed reversed
+        2: {"cands": same, "cand_scores": [-5.0, -4.0, -3.0, -2.0, -1.0]},  # the reverse order
+        3: {"cands": [1, 2, 20, 21, 22], "cand_scores": [-1.0, -2.0, -3.0, -4.0, -5.0]},
+    }
+    c = cl.compare(a, b, k=2)
+    assert c["rank_agreement"] == pytest.approx(0.0) and c["rank_agreement_examples"] == 2  # (1 + -1) / 2
+    assert c["top_k_shared"] == pytest.approx(0.5) and c["top_k"] == 2  # qid 1: both, qid 2: none
+
+
 def test_a_row_without_a_score_per_candidate_is_named(cl, tmp_path):
     good = {"qid": 1, "cands": [1, 2], "cand_scores": [-1.0, -2.0]}
     _write(tmp_path / "labels.jsonl", [good, {"qid": 2, "cands": [1, 2], "cand_scores": [-1.0]}])
