@@ -252,6 +252,11 @@ def _validate(cfg: ExperimentConfig) -> None:
             "candidates.mine_run names the run whose trained encoder mines: set it with candidates.miner=retriever "
             f"or mixed (and only then); got miner={cfg.candidates.miner}, mine_run={cfg.candidates.mine_run}",
         ),
+        (
+            cfg.labels.source == "lm" or cfg.candidates.miner == "bm25",
+            "labels.source=bm25 ranks candidates by their BM25 scores: it needs candidates.miner=bm25 (re-mined "
+            f"candidates carry the encoder's scores); got miner={cfg.candidates.miner}",
+        ),
     ]
     for name in cfg.retrieve.retrievers:
         try:

@@ -53,11 +53,11 @@ def agreement(a: dict[int, dict], b: dict[int, dict], q: list[int], k: int) -> d
         shared = [c for c in b[i]["cands"] if c in sa]
         xa, xb = [sa[c] for c in shared], [sb[c] for c in shared]
         if len(shared) >= 3 and len(set(xa)) > 1 and len(set(xb)) > 1:
-            rhos.append(float(spearmanr(xa, xb).statistic))
-        if len(shared) > k:
-            top = [
-                set(np.array(shared)[np.argsort(-np.array(x), kind="stable")[:k]].tolist()) for x in (xa, xb)
-            ]
+            rhos.append(float(spearmanr(xa, xb)[0]))
+        if (
+            len(shared) > k
+        ):  # ties broken by candidate id in both (as the labels stage breaks them), not by B's order
+            top = [set(sorted(shared, key=lambda c, m=m: (-m[c], c))[:k]) for m in (sa, sb)]
             tops.append(len(top[0] & top[1]) / k)
     return {
         "rank_agreement": float(np.mean(rhos)) if rhos else None,
@@ -108,10 +108,12 @@ def main(argv: list[str] | None = None) -> int:
         f"B's best higher on {c['best_b_higher']:.1%}, lower on {c['best_b_lower']:.1%}\n"
         f"median candidate's LM score (mean, nats): A {c['median_a']:.2f}, B {c['median_b']:.2f}"
     )
-    if c["rank_agreement"] is not None:
+    if c["rank_agreement"] is not None or c["top_k_shared"] is not None:
+        rho, top = c["rank_agreement"], c["top_k_shared"]
         print(
-            f"on the shared candidates: Spearman {c['rank_agreement']:.3f} (mean over "
-            f"{c['rank_agreement_examples']} examples); A's top {c['top_k']} among B's: {c['top_k_shared']:.1%}"
+            f"on the shared candidates: Spearman {'n/a' if rho is None else f'{rho:.3f}'} (mean over "
+            f"{c['rank_agreement_examples']} examples); A's top {c['top_k']} among B's: "
+            f"{'n/a (no example shares more than k)' if top is None else f'{top:.1%}'}"
         )
     return 0
 

@@ -223,9 +223,10 @@ def main(argv: list[str] | None = None) -> int:
     sizes = sorted(int(s) for s in a.sizes.split(","))
     seeds = [int(s) for s in a.seeds.split(",") if s]
     losses = [s for s in a.losses.split(",") if s]
-    learned = [s for s in a.learned.split(",") if s]
-    if not set(learned) <= {"epr", "hybrid"}:
+    asked = {s for s in a.learned.split(",") if s}
+    if not asked <= {"epr", "hybrid"}:
         ap.error(f"--learned {a.learned}: expected epr and/or hybrid")
+    learned = [r for r in ("epr", "hybrid") if r in asked]  # one order: the compare stages' key holds it
     out = Path(a.out)
     rows_dir = out / "rows"
     t0 = time.time()

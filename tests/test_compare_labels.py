@@ -60,6 +60,20 @@ def test_how_alike_two_lms_rank_the_same_candidates(cl):
     c = cl.compare(a, b, k=2)
     assert c["rank_agreement"] == pytest.approx(0.0) and c["rank_agreement_examples"] == 2  # (1 + -1) / 2
     assert c["top_k_shared"] == pytest.approx(0.5) and c["top_k"] == 2  # qid 1: both, qid 2: none
+    # ranks, not values: a monotone but non-linear pair agrees fully (Pearson would not)
+    mono = {1: {"cands": same, "cand_scores": [-1.0, -2.0, -3.0, -4.0, -100.0]}}
+    assert cl.agreement(a, mono, [1], 2)["rank_agreement"] == pytest.approx(1.0)
+    # ties in A broken by candidate id, not by B's listing order: A ties 1..5, B lists 5 first
+    tied = {1: {"cands": same, "cand_scores": [-1.0] * 5}}
+    b5 = {1: {"cands": [5, 4, 3, 2, 1], "cand_scores": [-1.0, -2.0, -3.0, -4.0, -5.0]}}
+    assert cl.agreement(tied, b5, [1], 2)["top_k_shared"] == 0.0  # A's top 2 = {1, 2}; B's = {5, 4}
+
+
+def test_the_summary_prints_when_no_example_shares_more_than_k(cl, tmp_path, capsys):
+    rows = [{"qid": 1, "cands": [1, 2, 3], "cand_scores": [-1.0, -2.0, -3.0]}]
+    a = _write(tmp_path / "a.jsonl", rows)
+    assert cl.main([str(a), str(a), "--k", "3"]) == 0
+    assert "Spearman 1.000" in capsys.readouterr().out
 
 
 def test_a_row_without_a_score_per_candidate_is_named(cl, tmp_path):

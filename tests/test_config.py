@@ -201,3 +201,13 @@ def test_epr_config_help(capsys):
     assert e.value.code == 0
     out = capsys.readouterr().out
     assert "usage: epr config" in out and "CONFIG.yaml" in out and "--set" in out
+
+
+@pytest.mark.parametrize("miner", ["retriever", "mixed"])
+def test_bm25_ranked_labels_refuse_re_mined_candidates(miner):
+    """DR-BM25 labels rank the candidates by their miner's scores: BM25's only, not an encoder's inner products."""
+    sets = [f"candidates.miner={miner}", "candidates.mine_run=runs/round1"]
+    with pytest.raises(ConfigError, match=f"labels.source=bm25 .* got miner={miner}"):
+        load_config([], [*sets, "labels.source=bm25"])
+    assert load_config([], sets).labels.source == "lm"
+    assert load_config([], ["labels.source=bm25"]).candidates.miner == "bm25"

@@ -120,6 +120,24 @@ def test_round_two_mines_with_round_one_encoder(round1, tmp_path, tiny_task_file
     assert read_manifest(r3.stage_dir("candidates"))["round"] == 3
 
 
+def test_mixed_candidates_take_the_first_miners_top_half_then_the_seconds_best_not_among_them():
+    """``epr.stages.candidates.mix`` (``candidates.miner=mixed``), on hand-made rankings: ceil(L / 2) from the
+    retriever (odd L: 3 of 5), the rest from BM25 in its order, skipping ids already taken, each with its own score;
+    a retriever ranking shorter than ceil(L / 2) is filled from BM25."""
+    from epr.stages.candidates import mix
+    from epr.types import Ranking
+
+    retr = [Ranking(0, [1, 2, 3, 4, 5], [0.9, 0.8, 0.7, 0.6, 0.5]), Ranking(7, [8], [0.9])]
+    bm25 = [
+        Ranking(0, [3, 9, 1, 10, 11], [30.0, 20.0, 10.0, 5.0, 1.0]),
+        Ranking(7, [9, 8, 10, 11, 12], [5.0] * 5),
+    ]
+    got = mix(retr, bm25, 5)
+    assert (got[0].qid, got[0].ids, got[0].scores) == (0, [1, 2, 3, 9, 10], [0.9, 0.8, 0.7, 20.0, 5.0])
+    assert (got[1].qid, got[1].ids) == (7, [8, 9, 10, 11, 12])
+    assert [r.ids for r in mix(retr[:1], bm25[:1], 4)] == [[1, 2, 3, 9]]  # even L: 2 + 2 (BM25's 3, then 9)
+
+
 def test_mixed_candidates_are_the_retrievers_top_half_then_bm25s_best(
     round1, tmp_path, tiny_task_files, tiny_lm_dir, minilm_dir
 ):
