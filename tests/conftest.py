@@ -28,9 +28,10 @@ def load_script(name: str):
 
 @pytest.fixture(scope="session")
 def minilm_dir() -> str:
+    """The packaged MiniLM, or the local encoder folder ``EPR_TEST_ENCODER`` names (a GPU machine without it)."""
     from epr.lm.models import resolve_encoder
 
-    return resolve_encoder("minilm")
+    return os.environ.get("EPR_TEST_ENCODER") or resolve_encoder("minilm")
 
 
 @pytest.fixture(scope="session")

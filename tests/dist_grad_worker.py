@@ -5,7 +5,9 @@ demo set: run plainly it takes all 8; under ``torchrun --nproc_per_node 2`` each
 first 4, as the gathered batch orders them) and the gradients are summed across processes as in training.
 Writes both towers' gradients (rank 0) to ``OUT``.
 
-    python tests/dist_grad_worker.py OUT LOSS CHUNK ENCODER_DIR
+    python tests/dist_grad_worker.py OUT LOSS CHUNK ENCODER_DIR [DEVICE]
+
+``DEVICE`` is ``cpu`` (default) or ``cuda`` (one process on the GPU: tests/test_cuda.py compares it with the CPU).
 """
 
 import sys
@@ -20,8 +22,8 @@ from epr.encoder.model import DualEncoder
 from epr.tasks import get_task
 
 
-def main(out: str, loss: str, chunk: int, encoder: str) -> None:
-    acc = Accelerator(cpu=True)
+def main(out: str, loss: str, chunk: int, encoder: str, device: str = "cpu") -> None:
+    acc = Accelerator(cpu=device == "cpu")
     task = get_task(DataConfig(task="demo"))
     pool, _ = task.load()
     rows = []
@@ -33,16 +35,16 @@ def main(out: str, loss: str, chunk: int, encoder: str) -> None:
     tc = TrainConfig(
         loss=loss, chunk_size=chunk, list_size=4, similarity="cosine" if loss != "epr" else "dot"
     )
-    model = DualEncoder.from_pretrained(encoder, similarity=tc.similarity)
+    model = DualEncoder.from_pretrained(encoder, similarity=tc.similarity).to(acc.device)
     model.eval()  # no dropout: the two runs must compute the same function
     batch = train_epr.make_batch(mine, tc, seed=0, epoch=0)
     loss_v = train_epr.compute_loss(model, batch, pool, task, tc, acc)
     train_epr.sum_gradients(model, acc)
     if acc.is_main_process:
-        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        grads = {n: p.grad.cpu().clone() for n, p in model.named_parameters() if p.grad is not None}
         torch.save({"loss": float(loss_v), "grads": grads}, out)
     acc.wait_for_everyone()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4])
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), *sys.argv[4:6])
