@@ -18,20 +18,13 @@ import torch
 from epr.lm.generate import Generator
 from epr.lm.models import load_lm
 from epr.lm.scoring import LMScorer
+from tests.lm.test_scoring import CTX, TGT  # the scorer tests' contexts and targets
 
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
 ]
 ROOT = Path(__file__).resolve().parents[1]
-
-CTX = [
-    "turn on the kitchen lights\t[IN:ON [SL:ROOM kitchen ] ]\n",
-    "dim the den\t",
-    "",
-    "a longer context " * 9,
-]
-TGT = ["[IN:ON [SL:ROOM garage ] ]\n", "[IN:DIM [SL:ROOM den ] ]\n", "hello\n", "x y z\n"]
 
 
 @pytest.mark.parametrize("prefix_share", [False, True])
