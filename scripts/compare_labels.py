@@ -54,9 +54,8 @@ def agreement(a: dict[int, dict], b: dict[int, dict], q: list[int], k: int) -> d
         xa, xb = [sa[c] for c in shared], [sb[c] for c in shared]
         if len(shared) >= 3 and len(set(xa)) > 1 and len(set(xb)) > 1:
             rhos.append(float(spearmanr(xa, xb)[0]))
-        if (
-            len(shared) > k
-        ):  # ties broken by candidate id in both (as the labels stage breaks them), not by B's order
+        # ties broken by candidate id in both (as the labels stage breaks them), not by B's order
+        if len(shared) > k:
             top = [set(sorted(shared, key=lambda c, m=m: (-m[c], c))[:k]) for m in (sa, sb)]
             tops.append(len(top[0] & top[1]) / k)
     return {

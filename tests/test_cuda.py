@@ -107,16 +107,7 @@ def test_training_step_on_cuda_equals_cpu(tmp_path, minilm_dir, loss, chunk):
     got = {}
     for dev in ("cpu", "cuda"):
         out = tmp_path / f"{dev}.pt"
-        path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-        env = {**os.environ, "PYTHONPATH": path, **({"ACCELERATE_USE_CPU": "1"} if dev == "cpu" else {})}
-        r = subprocess.run(
-            [sys.executable, worker, str(out), loss, str(chunk), minilm_dir, dev],
-            env=env,
-            capture_output=True,
-            text=True,
-            cwd=ROOT,
-        )
-        assert r.returncode == 0, r.stderr[-3000:]
+        _python([worker, str(out), loss, str(chunk), minilm_dir, dev], cuda=dev == "cuda")
         got[dev] = torch.load(out)
     a, b = got["cpu"], got["cuda"]
     assert b["loss"] == pytest.approx(a["loss"], rel=1e-4)
@@ -146,21 +137,19 @@ print(pipeline.run(Context(cfg), until="evaluate"))
 """
 
 
-def _tiny_run(tmp: Path, data: Path, lm: str, enc: str, cuda: bool) -> Path:
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-    }
+def _python(args: list[str], cuda: bool) -> None:
+    """Run ``python ARGS`` from the repository root with the repository importable; on the CPU alone unless
+    ``cuda``."""
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "PYTHONPATH": path}
     if not cuda:
         env.update(CUDA_VISIBLE_DEVICES="", ACCELERATE_USE_CPU="1")
-    r = subprocess.run(
-        [sys.executable, "-c", RUN, str(tmp), str(data), lm, enc],
-        env=env,
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-    )
+    r = subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-4000:]
+
+
+def _tiny_run(tmp: Path, data: Path, lm: str, enc: str, cuda: bool) -> Path:
+    _python(["-c", RUN, str(tmp), str(data), lm, enc], cuda)
     return tmp / "runs" / "t"
 
 

@@ -167,9 +167,8 @@ def gather_plain(t: torch.Tensor) -> torch.Tensor:
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return t
     home = t.device
-    if (
-        dist.get_backend() == "nccl" and home.type != "cuda"
-    ):  # NCCL gathers GPU tensors only (ids, masks: CPU)
+    # NCCL gathers GPU tensors only; the ids and teacher scores live on the CPU
+    if dist.get_backend() == "nccl" and home.type != "cuda":
         t = t.to(torch.device("cuda", torch.cuda.current_device()))
     parts = [torch.empty_like(t) for _ in range(dist.get_world_size())]
     dist.all_gather(parts, t.contiguous())
