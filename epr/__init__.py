@@ -8,7 +8,7 @@ Where things live (each package's docstring says what it owns):
 - library: ``lm/`` (models, label scoring, score cache, generation, servers), ``retrieval/`` (BM25, faiss,
   retrievers, RAGSys, prompts), ``encoder/`` (dual encoder, losses, training loop), ``truthfulqa/``, ``reports/``
   (statistics, tables, machine line), ``tasks/`` (each dataset's quirks);
-- orchestration: ``stages/`` (one module per pipeline stage);
+- orchestration: ``stages/`` (one module per pipeline stage, and the learning curve's ``dense_metric``);
 - faces: ``api`` (``PromptRetriever``), ``shipping`` (save / load / hub), ``model_card``, ``cli``, ``inspect_cmd``, ``integrations/``.
 """
 

@@ -269,7 +269,7 @@ def _main(argv: list[str]) -> int:
         return truthfulqa_cli.run(args)
     ctx = context_from_args(args)
     if args.cmd == "status":
-        for name, state in pipeline.status(ctx).items():
+        for name, state in pipeline.status(ctx, pipeline.final_stage(ctx)).items():  # this config's stages
             sys.stdout.write(f"{name:<12} {state:<8} {ctx.stage_dir(name)}\n")
         return 0
     if args.cmd == "demo":

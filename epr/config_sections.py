@@ -62,7 +62,10 @@ class DataConfig:
     data_dir: str | None = opt(
         None, "local data folder (e.g. ../shared/data); null: packaged demo or the hub"
     )
-    eval_size: int = opt(1000, "for tasks without a labelled held-out split: rows moved from pool to eval")
+    eval_size: int = opt(
+        1000,
+        "for tasks without a labelled held-out split: rows moved from pool to eval (jsonl task: at most a fifth)",
+    )
     split_seed: int = opt(0, "seed of the pool/eval split and of the data.eval_limit subset")
     pool_limit: int | None = opt(None, "keep only the first N pool rows (after splitting); null: all")
     eval_limit: int | None = opt(None, "evaluate on a fixed random subset of N eval rows (seeded); null: all")

@@ -235,8 +235,15 @@ def upstream(ctx: Context, target: str) -> list[str]:
     return order
 
 
-def status(ctx: Context) -> dict[str, str]:
-    return {n: stage_state(ctx.stage_dir(n), stage_fingerprint(ctx, n)) for n in STAGES}
+def final_stage(ctx: Context) -> str:
+    """The last stage of this config's run: TruthfulQA's report, or the EPR pipeline's evaluation."""
+    return "tqa_report" if ctx.cfg.data.task == "truthfulqa" else "evaluate"
+
+
+def status(ctx: Context, until: str | None = None) -> dict[str, str]:
+    """Each stage's state (fresh / stale / missing): every registered stage, or only ``until`` and what it needs."""
+    names = STAGES if until is None else upstream(ctx, ALIASES.get(until, until))
+    return {n: stage_state(ctx.stage_dir(n), stage_fingerprint(ctx, n)) for n in names}
 
 
 def run_stage(ctx: Context, name: str, force: bool = False) -> bool:
