@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from epr.reports import curve, curve_rows
+from tests.values import assert_same_values
 
 ROOT = Path(__file__).resolve().parents[1]
 # curve folders in the current row format (results/mtop-curve/ predates it: one seed, no per-example EM files)
@@ -89,8 +90,8 @@ def test_committed_curve_is_redrawn_from_its_rows_alone(folder, tmp_path):
     assert [_name(r) for r in got] == [_name(r) for r in want]
     for g, w in zip(got, want):
         for k in (*KEYS, *GAINS, "seed"):
-            assert g.get(k) == pytest.approx(w.get(k), rel=1e-9), (folder.name, _name(w), k)
-        assert g["oracle_gap_captured"] == pytest.approx(w["oracle_gap_captured"], rel=1e-9)
+            assert_same_values(g.get(k), w.get(k), rel=1e-9, where=(folder.name, _name(w), k))
+        assert_same_values(g["oracle_gap_captured"], w["oracle_gap_captured"], where=(folder.name, _name(w)))
 
 
 def test_rows_from_dir_names_a_file_it_cannot_place(tmp_path):
