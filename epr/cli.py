@@ -39,7 +39,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True)
     sub.add_parser("status", parents=[common], help="show each stage as fresh, stale or missing")
     r = sub.add_parser("run", parents=[common], help="run every stale stage up to --until")
-    r.add_argument("--until", default="labels", choices=sorted([*STAGES, *ALIASES]))
+    r.add_argument(
+        "--until",
+        default=None,
+        choices=sorted([*STAGES, *ALIASES]),
+        help="last stage to run (default: the config's last: every round, select, the comparison)",
+    )
     r.add_argument(
         "--force",
         action="append",
@@ -138,6 +143,19 @@ def context_from_args(args: argparse.Namespace):
     return Context(load_config(paths, args.set), Dist.from_env())
 
 
+def _selection_line(ctx) -> str:
+    """What ``epr run`` / ``epr status`` say of the served retriever: the select stage's choice and why."""
+    from epr.stages.select import read_selection
+
+    rep = read_selection(ctx.cfg.run_dir)
+    if rep is None:
+        return ""
+    return (
+        f"served retriever: {rep['selected']} ({rep['reason']}); report: "
+        f"{ctx.stage_dir('select') / 'report.json'}\n"
+    )
+
+
 def run_demo(ctx) -> int:
     """Every stage on the packaged demo set, then the comparison table in the terminal."""
     import time
@@ -154,7 +172,8 @@ def run_demo(ctx) -> int:
         f"  encoder       {ctx.stage_dir('encoder') / 'model'} (training curve: training_curve.png)\n"
         f"  comparison    {out / 'results.md'}, results.csv, em.png, report.html\n"
         f"  per query     {out / 'per_query.jsonl'}\n"
-        f'Next: epr inspect "turn on the garage lights"   (what each retriever picks)\n'
+        + _selection_line(ctx)
+        + 'Next: epr inspect "turn on the garage lights"   (what each retriever picks)\n'
     )
     return 0
 
@@ -269,8 +288,13 @@ def _main(argv: list[str]) -> int:
         return truthfulqa_cli.run(args)
     ctx = context_from_args(args)
     if args.cmd == "status":
-        for name, state in pipeline.status(ctx, pipeline.final_stage(ctx)).items():  # this config's stages
-            sys.stdout.write(f"{name:<12} {state:<8} {ctx.stage_dir(name)}\n")
+        for label, state, path in pipeline.status_rows(
+            ctx, pipeline.final_stage(ctx)
+        ):  # this config's stages
+            sys.stdout.write(f"{label:<18} {state:<8} {path}\n")
+        sel = _selection_line(ctx)
+        if sel:
+            sys.stdout.write(sel)
         return 0
     if args.cmd == "demo":
         return run_demo(ctx)
@@ -292,11 +316,15 @@ def _main(argv: list[str]) -> int:
         inspect_query(ctx, args.query, args.k)
         return 0
     if args.cmd == "run":
-        ran = pipeline.run(ctx, args.until, tuple(args.force))
+        ran = pipeline.run(ctx, args.until or pipeline.final_stage(ctx), tuple(args.force))
         if ctx.dist.is_main:
             sys.stdout.write(
                 f"ran: {', '.join(ran) or 'nothing (all fresh)'}; outputs in {ctx.cfg.run_dir}\n"
             )
+            sys.stdout.write(_selection_line(ctx))
+            res = ctx.stage_dir("evaluate") / "results.md"
+            if res.exists() and (args.until or pipeline.final_stage(ctx)) in ("evaluate", "compare"):
+                sys.stdout.write(f"comparison: {res}\n")
         return 0
     pipeline.run_stage(ctx, pipeline.ALIASES.get(args.cmd, args.cmd), force=args.force)
     return 0

@@ -30,6 +30,7 @@ from epr.config_sections import (
     RagsysConfig,
     RetrieveConfig,
     ScoringConfig,
+    SelectConfig,
     ServerConfig,
     TrainConfig,
     TruthfulQAConfig,
@@ -48,6 +49,7 @@ __all__ = [
     "LabelsConfig",
     "TrainConfig",
     "RetrieveConfig",
+    "SelectConfig",
     "GenerateConfig",
     "RagsysConfig",
     "TruthfulQAConfig",
@@ -247,16 +249,27 @@ def _validate(cfg: ExperimentConfig) -> None:
             "train.temperature must be > 0 (or null: 1 for dot, 0.05 for cosine)",
         ),
         (cfg.train.teacher_temperature > 0, "train.teacher_temperature must be > 0"),
+        (cfg.candidates.rounds >= 1, f"candidates.rounds={cfg.candidates.rounds} must be >= 1"),
         (
-            (cfg.candidates.miner in ("retriever", "mixed")) == (cfg.candidates.mine_run is not None),
-            "candidates.mine_run names the run whose trained encoder mines: set it with candidates.miner=retriever "
-            f"or mixed (and only then); got miner={cfg.candidates.miner}, mine_run={cfg.candidates.mine_run}",
+            cfg.candidates.mine_run is None or cfg.candidates.miner in ("retriever", "mixed"),
+            "candidates.mine_run names the run whose trained encoder mines round 1: set it with "
+            f"candidates.miner=retriever or mixed; got miner={cfg.candidates.miner}, mine_run={cfg.candidates.mine_run}",
         ),
         (
-            cfg.labels.source == "lm" or cfg.candidates.miner == "bm25",
-            "labels.source=bm25 ranks candidates by their BM25 scores: it needs candidates.miner=bm25 (re-mined "
-            f"candidates carry the encoder's scores); got miner={cfg.candidates.miner}",
+            cfg.candidates.miner == "bm25"
+            or cfg.candidates.mine_run is not None
+            or cfg.candidates.rounds >= 2,
+            f"candidates.miner={cfg.candidates.miner} with candidates.rounds=1 needs candidates.mine_run (the run "
+            "whose trained encoder mines); or set candidates.rounds >= 2 to re-mine with this run's own round 1",
         ),
+        (
+            cfg.labels.source == "lm" or (cfg.candidates.miner == "bm25" and cfg.candidates.rounds == 1),
+            "labels.source=bm25 ranks candidates by their BM25 scores: it needs candidates.miner=bm25 and "
+            f"candidates.rounds=1 (re-mined candidates carry the encoder's scores); got "
+            f"miner={cfg.candidates.miner}, rounds={cfg.candidates.rounds}",
+        ),
+        (cfg.select.size >= 0, f"select.size={cfg.select.size} must be >= 0 (0: no selection)"),
+        (0.0 < cfg.select.alpha < 1.0, f"select.alpha={cfg.select.alpha} must be in (0, 1)"),
     ]
     for name in cfg.retrieve.retrievers:
         try:

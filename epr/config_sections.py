@@ -36,6 +36,7 @@ __all__ = [
     "LabelsConfig",
     "TrainConfig",
     "RetrieveConfig",
+    "SelectConfig",
     "GenerateConfig",
     "RagsysConfig",
     "TruthfulQAConfig",
@@ -126,14 +127,21 @@ class CandidatesConfig:
     query_seed: int = opt(0, "seed of the candidates.num_queries subset")
     miner: str = opt(
         "bm25",
-        "who mines the L candidates: bm25 (EPR: over candidates.view) | retriever (iterative re-mining, UDR / "
-        "LLM-R: the trained encoder of candidates.mine_run, query tower on x, prompt tower on the pool) | mixed "
-        "(the retriever's top ceil(L/2), then BM25's best not among them)",
+        "how re-mined rounds mine (and round 1, with candidates.mine_run): retriever (iterative re-mining, UDR / "
+        "LLM-R: a trained encoder, query tower on x, prompt tower on the pool) | mixed (the retriever's top "
+        "ceil(L/2), then BM25's best not among them); bm25: re-mined rounds use retriever. Round 1 without "
+        "mine_run: BM25 over candidates.view (EPR)",
         ("bm25", "retriever", "mixed"),
     )
     mine_run: str | None = opt(
         None,
-        "miner=retriever or mixed: the run folder whose trained encoder mines (round r); this run is round r + 1",
+        "miner=retriever or mixed: the run folder whose trained encoder mines round 1 (round r there; this run "
+        "continues from r + 1)",
+    )
+    rounds: int = opt(
+        2,
+        "training rounds in this run (>= 1): round r + 1's candidates are mined by round r's trained encoder; "
+        "earlier rounds live in <run>/rounds/round-r/, the run's own stages are the last round",
     )
 
 
@@ -174,12 +182,12 @@ class TrainConfig:
     warmup_ratio: float = opt(0.1, "fraction of the steps spent in linear warmup")
     weight_decay: float = opt(0.0, "AdamW weight decay")
     loss: str = opt(
-        "epr",
+        "distill",
         "epr (the paper's) | listwise (UDR) | distill (LLM-R): epr/encoder/losses.py",
         ("epr", "listwise", "distill"),
     )
     similarity: str = opt(
-        "dot",
+        "cosine",
         "dot (EPR: raw inner product) | cosine (normalised embeddings / temperature)",
         ("dot", "cosine"),
     )
@@ -231,7 +239,7 @@ class RetrieveConfig:
     """The compared retrievers and the prompts they fill for the inference LM."""
 
     retrievers: tuple[str, ...] = opt(
-        ("random", "bm25", "sbert", "epr", "bm25-oracle"),
+        ("random", "bm25", "sbert", "epr", "hybrid", "bm25-oracle"),
         f"compared retrievers: {' | '.join(RETRIEVERS)}; a dense one ({', '.join(DENSE)}) may add RAGSys "
         "re-ranking as +div or +div+bias",
     )
@@ -249,6 +257,27 @@ class RetrieveConfig:
         None,
         "compare on a seeded subset (seed: the top-level seed) of the eval split (the examples stage keeps all)",
     )
+
+
+@dataclass(frozen=True)
+class SelectConfig:
+    """Which trained retriever serves the run, chosen on a held-out slice of the training pool (never the eval split)."""
+
+    size: int = opt(
+        300,
+        "pool examples set aside (seeded; never labelled, never their own demonstration; at most a fifth of the "
+        "pool when every example is labelled) on which the retrievers' gold log-probs are compared; 0: no "
+        "selection, serve epr",
+    )
+    retrievers: tuple[str, ...] = opt(
+        ("epr", "hybrid"),
+        "the learned retrievers compared with BM25 (the baseline, always compared)",
+        ("epr", "hybrid"),
+    )
+    alpha: float = opt(
+        0.05, "a learned retriever is served only if it beats BM25 at this Wilcoxon p (two-sided)"
+    )
+    seed: int = opt(0, "seed of the held-out slice")
 
 
 @dataclass(frozen=True)
@@ -344,6 +373,7 @@ class ExperimentConfig:
     labels: LabelsConfig = section_field(LabelsConfig)
     train: TrainConfig = section_field(TrainConfig)
     retrieve: RetrieveConfig = section_field(RetrieveConfig)
+    select: SelectConfig = section_field(SelectConfig)
     generate: GenerateConfig = section_field(GenerateConfig)
     ragsys: RagsysConfig = section_field(RagsysConfig)
     truthfulqa: TruthfulQAConfig = section_field(TruthfulQAConfig)

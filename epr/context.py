@@ -53,6 +53,36 @@ COMPARING_STAGES = ("retrieve", "rerank", "prompts", "predict", "evaluate")
 class Context:
     cfg: ExperimentConfig
     dist: Dist = field(default_factory=Dist)
+    top: str | None = None  # a round sub-run's: the name of the run it is a round of
+
+    @property
+    def round(self) -> int:
+        """This run's round among its in-run rounds (``candidates.rounds``: the run's own stages are the last)."""
+        return self.cfg.candidates.rounds
+
+    def prev_round(self) -> Context | None:
+        """Round r - 1 of this run (``<run_dir>/rounds/round-<r-1>/``), whose trained encoder mines this round's
+        candidates; ``None`` in round 1. Every round shares the run root (its score cache) and the process
+        layout."""
+        import dataclasses
+
+        r = self.round
+        if r <= 1:
+            return None
+        top = self.top or self.cfg.name
+        cfg = dataclasses.replace(
+            self.cfg,
+            name=f"{top}/rounds/round-{r - 1}",
+            candidates=dataclasses.replace(self.cfg.candidates, rounds=r - 1),
+        )
+        return Context(cfg, self.dist, top)
+
+    def rounds(self) -> list[Context]:
+        """Every round of this run, first to last (this one last)."""
+        out: list[Context] = [self]
+        while (p := out[0].prev_round()) is not None:
+            out.insert(0, p)
+        return out
 
     def stage_dir(self, stage: str) -> Path:
         """``<run_dir>/<stage>``; the comparing stages of a ``data.eval_part=locked`` run go under
@@ -75,7 +105,7 @@ class Context:
             name=f"{cfg.name}/dr-bm25",
             labels=dataclasses.replace(cfg.labels, source="bm25"),
             # BM25 candidates (round 1) even in a re-mining run: BM25-ranked labels of BM25's candidates
-            candidates=dataclasses.replace(cfg.candidates, miner="bm25", mine_run=None),
+            candidates=dataclasses.replace(cfg.candidates, miner="bm25", mine_run=None, rounds=1),
         )
         return Context(sub)  # one process: the sub-run is a step of the main process's stage
 

@@ -29,6 +29,7 @@ from epr.stages import (
     rerank,
     retrieve,
     scores,
+    select,
 )
 from epr.truthfulqa import stage as tqa
 from epr.types import ConfigError, UpstreamError
@@ -85,13 +86,63 @@ def _examples_keys(ctx: Context) -> dict:
 
 def _candidates_keys(ctx: Context) -> dict:
     sec = ctx.cfg.section("candidates")
-    miner, _ = sec.pop("miner"), sec.pop("mine_run")  # BM25 (round 1) keys stay as they were before re-mining
+    # BM25 (round 1) keys stay as they were before re-mining and in-run rounds: who mines is said by mined_by
+    for k in ("miner", "mine_run", "rounds"):
+        sec.pop(k)
     keys = {"candidates": sec, "query_order": "nested-permutation"}
+    miner, _ = candidates.round_miner(ctx)
     if miner in ("retriever", "mixed"):  # which encoder mined, and the round; not where its run folder lives
-        keys["mined_by"] = candidates.miner_identity(ctx.cfg)
+        keys["mined_by"] = candidates.mined_by(ctx)
     if miner == "mixed":
         keys["miner"] = miner
+    c, sel = ctx.cfg.candidates, ctx.cfg.select
+    if sel.size > 0 and c.num_queries is None:  # the select slice is left out of the labelled set
+        keys["held_out"] = {"size": sel.size, "seed": sel.seed}
     return keys
+
+
+def _candidates_deps(ctx: Context) -> tuple[str, ...]:
+    return ("examples", "rounds") if ctx.prev_round() is not None else ("examples",)
+
+
+def run_rounds(ctx: Context, out: Path, fp: str) -> dict:
+    """The earlier rounds of this run (``<run_dir>/rounds/round-r/``, each up to its trained encoder): round r + 1's
+    candidates are mined by round r's encoder. A round that is fresh is skipped, so a kill in a later round never
+    redoes an earlier one."""
+    prev = ctx.prev_round()
+    ran = [] if prev is None else run(prev, until="encoder")
+    return {
+        "rows": {"stages_run": len(ran)},
+        "extra": {"round_run": prev and str(prev.cfg.run_dir), "ran": ran},
+    }
+
+
+def _rounds_keys(ctx: Context) -> dict:
+    prev = ctx.prev_round()
+    if prev is None:  # round 1: no earlier round (the stage is not in this run's graph)
+        return {"round": 0}
+    return {"encoder": stage_fingerprint(prev, "encoder"), "round": prev.round}
+
+
+def _select_keys(ctx: Context) -> dict:
+    cfg = ctx.cfg
+    return {
+        "select": cfg.section("select"),
+        "slice_of": {"num_queries": cfg.candidates.num_queries, "query_seed": cfg.candidates.query_seed},
+        "k": cfg.retrieve.k,
+        "bm25_backend": cfg.candidates.backend,
+        "prompts": _prompts_keys(ctx),
+        "lm": scoring_key(cfg, inference=True),
+    }
+
+
+def selects(ctx: Context) -> bool:
+    """Whether this run chooses its served retriever (``select.size`` > 0, an EPR-pipeline run)."""
+    return ctx.cfg.select.size > 0 and ctx.cfg.data.task != "truthfulqa"
+
+
+def _evaluate_deps(ctx: Context) -> tuple[str, ...]:
+    return ("predict", "select") if selects(ctx) else ("predict",)
 
 
 def _retrieve_deps(ctx: Context) -> tuple[str, ...]:
@@ -177,7 +228,9 @@ STAGES: dict[str, Stage] = {
     s.name: s
     for s in [
         Stage("examples", _const(), _examples_keys, examples.run_examples),
-        Stage("candidates", _const("examples"), _candidates_keys, candidates.run_candidates),
+        # earlier rounds (candidates.rounds > 1): sub-runs up to their encoders, in <run_dir>/rounds/round-r/
+        Stage("rounds", _const(), _rounds_keys, run_rounds, distributed=True),
+        Stage("candidates", _candidates_deps, _candidates_keys, candidates.run_candidates),
         Stage(
             "scores",
             _const("candidates"),
@@ -204,7 +257,9 @@ STAGES: dict[str, Stage] = {
         Stage("rerank", _const("retrieve"), _rerank_keys, rerank.run_rerank),
         Stage("prompts", _const("rerank"), _prompts_keys, prompts.run_prompts),
         Stage("predict", _const("prompts"), _predict_keys, predict.run_predict),
-        Stage("evaluate", _const("predict"), lambda c: {"task": c.cfg.data.task}, evaluate.run_evaluate),
+        # the served retriever, chosen on a held-out slice of the pool (never the evaluation examples)
+        Stage("select", _const("examples", "encoder"), _select_keys, select.run_select),
+        Stage("evaluate", _evaluate_deps, lambda c: {"task": c.cfg.data.task}, evaluate.run_evaluate),
         # TruthfulQA (RAGSys, SPEC 3): demonstration sets -> log-probabilities -> tables (``epr truthfulqa``)
         *[Stage(n, d if callable(d) else _const(*d), k, f, *rest) for n, d, k, f, *rest in tqa.STAGE_SPECS],
     ]
@@ -244,6 +299,23 @@ def status(ctx: Context, until: str | None = None) -> dict[str, str]:
     """Each stage's state (fresh / stale / missing): every registered stage, or only ``until`` and what it needs."""
     names = STAGES if until is None else upstream(ctx, ALIASES.get(until, until))
     return {n: stage_state(ctx.stage_dir(n), stage_fingerprint(ctx, n)) for n in names}
+
+
+def status_rows(ctx: Context, until: str | None = None) -> list[tuple[str, str, Path]]:
+    """``(label, state, folder)`` of every stage this config runs, the earlier rounds' stages first (``round-1/labels``...),
+    so ``epr status`` shows each round."""
+    rows: list[tuple[str, str, Path]] = []
+    st = status(ctx, until)
+    if "rounds" in st:
+        for p in ctx.rounds()[:-1]:
+            rows += [(f"round-{p.round}/{n}", s, p.stage_dir(n)) for n, s in status(p, "encoder").items()]
+    for n, s in st.items():
+        label = f"round-{ctx.round}/{n}" if n in ROUND_STAGES and ctx.round > 1 else n
+        rows.append((label, s, ctx.stage_dir(n)))
+    return rows
+
+
+ROUND_STAGES = ("candidates", "scores", "labels", "encoder")  # what each round runs anew
 
 
 def run_stage(ctx: Context, name: str, force: bool = False) -> bool:

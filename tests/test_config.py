@@ -210,4 +210,7 @@ def test_bm25_ranked_labels_refuse_re_mined_candidates(miner):
     with pytest.raises(ConfigError, match=f"labels.source=bm25 .* got miner={miner}"):
         load_config([], [*sets, "labels.source=bm25"])
     assert load_config([], sets).labels.source == "lm"
-    assert load_config([], ["labels.source=bm25"]).candidates.miner == "bm25"
+    assert load_config([], ["labels.source=bm25", "candidates.rounds=1"]).candidates.miner == "bm25"
+    # the default two rounds re-mine round 2 with the encoder: BM25-ranked labels need one round
+    with pytest.raises(ConfigError, match="labels.source=bm25 .* rounds=2"):
+        load_config([], ["labels.source=bm25"])

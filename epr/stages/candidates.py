@@ -66,6 +66,44 @@ def rankings_of(qids, ids, scores) -> list[Ranking]:
     ]
 
 
+def round_miner(ctx: Context) -> tuple[str, Path | None]:
+    """(who mines this round's candidates, the run folder whose trained encoder mines them or ``None``).
+
+    Round 1 of a run mines with BM25, or with the encoder of ``candidates.mine_run`` where one is named; round r + 1
+    of the same run (``candidates.rounds``) re-mines with round r's encoder (``mixed`` when ``candidates.miner`` is
+    mixed, else ``retriever``)."""
+    c = ctx.cfg.candidates
+    prev = ctx.prev_round()
+    if prev is not None:
+        return ("mixed" if c.miner == "mixed" else "retriever"), prev.cfg.run_dir
+    if c.mine_run is not None:
+        return c.miner, mine_run_dir(ctx.cfg)
+    return "bm25", None
+
+
+def round_number(ctx: Context) -> int:
+    """The training round this run's candidates belong to: 1 for BM25's, the mining round's + 1 for re-mined ones
+    (counting the rounds of an outside ``mine_run``)."""
+    prev = ctx.prev_round()
+    if prev is not None:
+        return round_number(prev) + 1
+    return miner_identity(ctx.cfg)["round"] if ctx.cfg.candidates.mine_run is not None else 1
+
+
+def mined_by(ctx: Context) -> dict:
+    """What re-mined candidates come from (part of the candidates stage's key): the mining encoder's stage
+    fingerprint and this round's number. An in-run round's encoder fingerprint is computed (so ``epr status`` knows
+    round r + 1 before round r has trained, and round r + 1 goes stale whenever anything round r depends on
+    changes); an outside ``mine_run``'s is read from its manifest (``None`` while untrained: the stage then refuses
+    to run)."""
+    prev = ctx.prev_round()
+    if prev is None:
+        return miner_identity(ctx.cfg)
+    from epr.pipeline import stage_fingerprint
+
+    return {"encoder": stage_fingerprint(prev, "encoder"), "round": round_number(ctx)}
+
+
 def mine_run_dir(cfg) -> Path:
     """The round-r run folder of ``candidates.mine_run``: a path, else a run name under ``run_root``."""
     p = Path(cfg.candidates.mine_run)
@@ -84,21 +122,29 @@ def miner_identity(cfg) -> dict:
 
 
 def mine_with_retriever(ctx: Context, qids: np.ndarray) -> tuple[list[Ranking], int]:
-    """L candidates per labelled example from the trained encoder of ``candidates.mine_run`` (itself excluded)."""
+    """L candidates per labelled example from the trained encoder of the round before (this run's, or
+    ``candidates.mine_run``'s), the example itself excluded."""
     import dataclasses
 
     from epr.retrieval.retrievers import make_retriever
     from epr.types import ConfigError, UpstreamError
 
     cfg, pool = ctx.cfg, ctx.examples("pool")
-    d = mine_run_dir(cfg)
-    ident = miner_identity(cfg)
+    _, d = round_miner(ctx)
+    ident = mined_by(ctx)
     if d.resolve() == Path(cfg.run_dir).resolve():
         raise ConfigError(
             f"candidates.mine_run={cfg.candidates.mine_run} is this run: round r + 1 needs its own run name "
             "(--set name=...) that mines with round r's"
         )
-    if ident["encoder"] is None or not (d / "encoder" / "model").exists():
+    if (
+        ident["encoder"] is None
+        or not (d / "encoder" / "model").exists()
+        or (
+            ctx.prev_round() is not None
+            and (read_manifest(d / "encoder") or {}).get("fingerprint") != ident["encoder"]
+        )
+    ):
         raise UpstreamError(
             f"candidates.mine_run={cfg.candidates.mine_run}: no trained encoder in {d / 'encoder'}; train that "
             "run first (epr run --until encoder with its config)"
@@ -132,17 +178,46 @@ def mix(first: list[Ranking], second: list[Ranking], L: int) -> list[Ranking]:
     return out
 
 
+def held_out_ids(cfg, n_pool: int) -> np.ndarray:
+    """The pool examples ``select`` compares the retrievers on (``select.size``, seeded): never labelled queries.
+    Drawn from the examples ``candidates.num_queries`` leaves unlabelled; when every example would be labelled
+    (``num_queries`` null) the slice, at most a fifth of the pool, is drawn first and left out of the labelled set.
+    Sorted ids."""
+    s = cfg.select
+    if s.size <= 0:
+        return np.zeros(0, dtype=np.int64)
+    c = cfg.candidates
+    rng = np.random.default_rng(s.seed)
+    if c.num_queries is None or c.num_queries >= n_pool:
+        free, size = np.arange(n_pool), min(s.size, n_pool // 5)
+    else:
+        free = np.setdiff1d(np.arange(n_pool), query_ids(n_pool, c.num_queries, c.query_seed))
+        size = min(s.size, len(free))
+    return np.sort(rng.permutation(free)[:size]).astype(np.int64)
+
+
+def labelled_ids(cfg, n_pool: int) -> np.ndarray:
+    """The pool examples whose candidates the LM scores: :func:`query_ids`, less the ``select`` slice where the
+    labels would take the whole pool."""
+    c = cfg.candidates
+    qids = query_ids(n_pool, c.num_queries, c.query_seed)
+    if cfg.select.size > 0 and (c.num_queries is None or c.num_queries >= n_pool):
+        qids = np.setdiff1d(qids, held_out_ids(cfg, n_pool))
+    return qids
+
+
 def run_candidates(ctx: Context, out, fp: str) -> dict:
     c = ctx.cfg.candidates
     pool = ctx.examples("pool")
-    qids = query_ids(len(pool), c.num_queries, c.query_seed)
-    if c.miner == "retriever":
+    qids = labelled_ids(ctx.cfg, len(pool))
+    miner, by = round_miner(ctx)
+    if miner == "retriever":
         rankings, rnd = mine_with_retriever(ctx, qids)
-        how = f"the trained encoder of {c.mine_run}"
-    elif c.miner == "mixed":
+        how = f"the trained encoder of {by}"
+    elif miner == "mixed":
         retrieved, rnd = mine_with_retriever(ctx, qids)
         rankings = mix(retrieved, mine(pool, qids, c.L, c.view, c.backend), c.L)
-        how = f"the trained encoder of {c.mine_run} (top {(c.L + 1) // 2}) and {c.backend} over {c.view}"
+        how = f"the trained encoder of {by} (top {(c.L + 1) // 2}) and {c.backend} over {c.view}"
     else:
         rankings, rnd = mine(pool, qids, c.L, c.view, c.backend), 1
         how = f"{c.backend} over {c.view}"

@@ -24,6 +24,10 @@ def ctx_overrides(tmp_path, data_dir, lm_dir, *overrides) -> list[str]:
         "labels.k_neg=2",
         "scoring.chunk_size=4",
         "scoring.batch_tokens=256",
+        # one round, no selection (the paper's shape): these tests are about the stages; the default two-round
+        # recipe and the select stage have their own (tests/stages/test_rounds.py)
+        "candidates.rounds=1",
+        "select.size=0",
         *overrides,
     ]
 

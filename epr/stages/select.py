@@ -1,0 +1,163 @@
+"""Stage ``select``: which trained retriever serves this run, chosen on the user's own pool, never on evaluation data.
+
+A seeded slice of the training pool (``select.size`` examples that are never labelled queries:
+:func:`epr.stages.candidates.held_out_ids`) plays the part of unseen queries. For each slice example, each retriever
+(BM25 over inputs, the baseline, and the learned ones of ``select.retrievers``: ``epr``, ``hybrid``) retrieves
+demonstrations from the pool with the example itself excluded, the prompt is built by the run's prompt rules, and the
+inference LM gives ``log p(gold output | prompt)`` (one forward pass each, through the run root's score cache).
+
+The rule (:func:`choose`): among the learned retrievers whose mean gain over BM25 is positive and whose paired
+Wilcoxon signed-rank p is below ``select.alpha``, the one with the highest mean gold log-prob; if none, BM25, and the
+report says that no learned retriever beat it. Writes ``report.json`` (the choice, the reason, every retriever's
+numbers) and ``per_example.jsonl``; ``PromptRetriever.from_run``, ``epr export`` and the LangChain / dspy adapters
+serve the choice.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from pathlib import Path
+
+import numpy as np
+
+from epr.artifacts import atomic_write_text, write_jsonl
+from epr.context import Context
+from epr.stages.candidates import held_out_ids
+from epr.types import ConfigError
+
+__all__ = ["BASELINE", "choose", "run_select", "read_selection"]
+
+log = logging.getLogger(__name__)
+
+BASELINE = "bm25"
+RULE = (
+    "serve the learned retriever with the highest mean gold log-prob among those whose mean gain over BM25 is "
+    "positive and whose paired Wilcoxon p is below select.alpha; if none, serve BM25"
+)
+
+
+def _paired(a: np.ndarray, b: np.ndarray) -> dict:
+    """Mean gain a - b over the examples both scored, its Wilcoxon and t-test p and a 95% CI of the mean."""
+    from scipy.stats import t as student_t
+    from scipy.stats import ttest_1samp, wilcoxon
+
+    d = (a - b)[~(np.isnan(a) | np.isnan(b))]
+    if len(d) == 0 or not np.any(d):
+        return {
+            "gain": 0.0,
+            "p": 1.0,
+            "p_ttest": 1.0,
+            "gain_ci": [0.0, 0.0],
+            "median_gain": 0.0,
+            "win_rate": 0.0,
+        }
+    half = (
+        float(student_t.ppf(0.975, len(d) - 1) * d.std(ddof=1) / math.sqrt(len(d)))
+        if len(d) > 1
+        else math.inf
+    )
+    return {
+        "gain": float(d.mean()),
+        "p": float(wilcoxon(d).pvalue),
+        "p_ttest": float(ttest_1samp(d, 0.0).pvalue) if len(d) > 1 else 1.0,
+        "gain_ci": [float(d.mean() - half), float(d.mean() + half)],
+        "median_gain": float(np.median(d)),
+        "win_rate": float(np.mean(d > 0)),
+    }
+
+
+def choose(lp: dict[str, np.ndarray], learned: list[str], alpha: float) -> dict:
+    """The selection from per-example gold log-probs (``lp[name]``: one value per slice example, NaN where the
+    prompt did not fit): each retriever's mean and its paired test against BM25, the choice and why. Pure."""
+    base = lp[BASELINE]
+    rows = {BASELINE: {"gold_logprob": float(np.nanmean(base)) if len(base) else math.nan}}
+    for name in learned:
+        rows[name] = {
+            "gold_logprob": float(np.nanmean(lp[name])) if len(base) else math.nan,
+            **_paired(lp[name], base),
+        }
+    winners = [n for n in learned if rows[n]["gain"] > 0 and rows[n]["p"] < alpha]
+    if winners:
+        best = max(winners, key=lambda n: (rows[n]["gold_logprob"], -learned.index(n)))
+        r = rows[best]
+        reason = (
+            f"{best} beat BM25 on {len(base)} held-out pool examples: {r['gain']:+.2f} nats of gold log-prob "
+            f"(Wilcoxon p = {r['p']:.2g})"
+        )
+    else:
+        best = BASELINE
+        tried = ", ".join(f"{n} {rows[n]['gain']:+.2f} nats (p = {rows[n]['p']:.2g})" for n in learned)
+        reason = (
+            f"no learned retriever beat BM25 on {len(base)} held-out pool examples ({tried}; needed a positive gain "
+            f"with p < {alpha}): serving BM25, the free baseline"
+        )
+    return {
+        "selected": best,
+        "reason": reason,
+        "baseline": BASELINE,
+        "rule": RULE,
+        "alpha": alpha,
+        "rows": rows,
+    }
+
+
+def slice_logprobs(ctx: Context, names: list[str]) -> tuple[list[int], dict[str, np.ndarray]]:
+    """The held-out slice's ids and each retriever's per-example ``log p(gold | prompt)`` on it."""
+    from epr.lm.factory import lm_spec, load, score_cache, scorer_for
+    from epr.retrieval.retrievers import make_retriever
+    from epr.stages.predict import gold_logprob
+    from epr.stages.prompts import prompt_maker
+
+    cfg, task = ctx.cfg, ctx.task
+    pool = ctx.examples("pool")
+    ids = held_out_ids(cfg, len(pool))
+    queries = [pool[int(i)] for i in ids]
+    model, tok = load(lm_spec(cfg, inference=True))
+    scorer, cache = scorer_for(cfg, model, tok), score_cache(cfg, inference=True)
+    make = prompt_maker(ctx, tok)
+    loaded: dict = {}
+    out = {}
+    for name in names:
+        r = make_retriever(name, pool, task, cfg, ctx.encoder_dir(name), loaded)
+        hits = r.retrieve(queries, cfg.retrieve.k, exclude=ids)  # an example is never its own demonstration
+        texts = [make(q, row).text for q, row in zip(queries, hits.ids)]
+        out[name] = np.asarray(gold_logprob(scorer, cache, task, texts, queries), dtype=np.float64)
+        log.info(
+            "select: %s, mean gold log-prob %.3f on %d held-out pool examples",
+            name,
+            np.nanmean(out[name]),
+            len(ids),
+        )
+    return [int(i) for i in ids], out
+
+
+def run_select(ctx: Context, out: Path, fp: str) -> dict:
+    s = ctx.cfg.select
+    learned = list(dict.fromkeys(s.retrievers))
+    if len(held_out_ids(ctx.cfg, len(ctx.examples("pool")))) == 0:
+        raise ConfigError(
+            f"select: no pool example is left to hold out (the pool's every example is a labelled query); lower "
+            f"candidates.num_queries or set select.size=0 to skip selection (serves epr) ({ctx.cfg.run_dir})"
+        )
+    ids, lp = slice_logprobs(ctx, [BASELINE, *learned])
+    report = {**choose(lp, learned, s.alpha), "n": len(ids), "backend": ctx.cfg.candidates.backend}
+    write_jsonl(
+        out / "per_example.jsonl",
+        [
+            {"idx": i, **{n: (None if np.isnan(v[j]) else float(v[j])) for n, v in lp.items()}}
+            for j, i in enumerate(ids)
+        ],
+    )
+    atomic_write_text(out / "report.json", json.dumps(report, indent=2) + "\n")
+    log.info("select: serving %s. %s", report["selected"], report["reason"])
+    return {"rows": {"held_out": len(ids)}, "extra": {"selected": report["selected"]}}
+
+
+def read_selection(run_dir: str | Path) -> dict | None:
+    """A finished ``select`` stage's report (``None`` where the run has none)."""
+    d = Path(run_dir) / "select"
+    if not (d / "manifest.json").exists() or not (d / "report.json").exists():
+        return None
+    return json.loads((d / "report.json").read_text())

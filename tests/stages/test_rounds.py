@@ -1,0 +1,201 @@
+"""Re-mining rounds inside one run (``candidates.rounds``): round r + 1's candidates are mined by round r's encoder
+in ``<run>/rounds/round-r/``, fingerprinted by it, resumable on their own; and the ``select`` stage, which picks the
+served retriever on a held-out slice of the pool and never reads the evaluation examples."""
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from epr import pipeline
+from epr.cache import read_manifest
+from epr.config import load_config
+from epr.context import Context
+from epr.stages import scores as scores_stage
+from epr.stages.candidates import held_out_ids, labelled_ids
+from epr.stages.select import BASELINE, choose, read_selection
+from tests.conftest import write_tiny_task
+
+from .test_pipeline import ctx_overrides
+
+TRAIN = ["train.batch_size=4", "train.epochs=1", "train.dev_size=2", "train.chunk_size=0"]
+
+
+def make(root, data, lm, minilm, *extra, name="t"):
+    sets = ctx_overrides(root, data, lm, f"models.encoder={minilm}", *TRAIN, *extra)
+    return Context(load_config([], [*sets, f"name={name}"]))
+
+
+def digests(folder: Path) -> dict[str, str]:
+    """Every file under ``folder`` (relative path -> sha256), the score cache and logs aside."""
+    return {
+        str(f.relative_to(folder)): hashlib.sha256(f.read_bytes()).hexdigest()
+        for f in sorted(folder.rglob("*"))
+        if f.is_file() and "manifest.json" != f.name
+    }
+
+
+def rankings(ctx):
+    return [
+        json.loads(r) for r in (ctx.stage_dir("candidates") / "candidates.jsonl").read_text().splitlines()
+    ]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    d = tmp_path_factory.mktemp("data")
+    return write_tiny_task(d)
+
+
+def test_rounds_layout_and_fingerprints(tmp_path, tiny, tiny_lm_dir, minilm_dir):
+    ctx = make(tmp_path, tiny, tiny_lm_dir, minilm_dir, "candidates.rounds=3", "select.size=0")
+    r1, r2, r3 = ctx.rounds()
+    assert r3 is ctx and (r1.round, r2.round) == (1, 2)
+    assert r1.cfg.run_dir == ctx.cfg.run_dir / "rounds" / "round-1"
+    assert r2.cfg.run_dir == ctx.cfg.run_dir / "rounds" / "round-2"
+    assert r2.prev_round().cfg.run_dir == r1.cfg.run_dir  # not nested under round-2
+    # each round is mined by the round before's encoder (computed: known before anything trains)
+    key3 = pipeline.STAGES["candidates"].keys(ctx)["mined_by"]
+    key2 = pipeline.STAGES["candidates"].keys(r2)["mined_by"]
+    assert key3 == {"encoder": pipeline.stage_fingerprint(r2, "encoder"), "round": 3}
+    assert key2 == {"encoder": pipeline.stage_fingerprint(r1, "encoder"), "round": 2}
+    assert "mined_by" not in pipeline.STAGES["candidates"].keys(r1)
+    # round 1 of a rounds run is the one-round run: same candidates fingerprint (no orphaned round-1 runs)
+    one = make(tmp_path, tiny, tiny_lm_dir, minilm_dir, "candidates.rounds=1", "select.size=0")
+    assert pipeline.stage_fingerprint(r1, "encoder") == pipeline.stage_fingerprint(one, "encoder")
+
+
+def _fp(tmp_path, tiny, lm, minilm, *extra):
+    ctx = make(tmp_path, tiny, lm, minilm, "candidates.rounds=3", "candidates.num_queries=12", *extra)
+    return {r.round: pipeline.stage_fingerprint(r, "candidates") for r in ctx.rounds()}
+
+
+def test_a_rounds_candidates_follow_the_labels_of_the_round_before(tmp_path, tiny, tiny_lm_dir, minilm_dir):
+    base = _fp(tmp_path, tiny, tiny_lm_dir, minilm_dir)
+    # round 1's labels change (k_neg): round 1's candidates do not (labels come after), every later round's do
+    other_labels = _fp(tmp_path, tiny, tiny_lm_dir, minilm_dir, "labels.k_neg=1")
+    assert other_labels[1] == base[1] and other_labels[2] != base[2] and other_labels[3] != base[3]
+    # the training seed: an encoder changes, so do the rounds it mines
+    other_seed = _fp(tmp_path, tiny, tiny_lm_dir, minilm_dir, "train.seed=7")
+    assert other_seed[1] == base[1] and other_seed[2] != base[2] and other_seed[3] != base[3]
+    # negative controls: settings no round's candidates depend on
+    for unrelated in (
+        "generate.max_new_tokens=12",
+        "select.size=5",
+        "retrieve.max_demos=3",
+        "select.alpha=0.1",
+    ):
+        assert _fp(tmp_path, tiny, tiny_lm_dir, minilm_dir, unrelated) == base, unrelated
+
+
+def test_a_kill_in_round_two_never_touches_round_one(tmp_path, tiny, tiny_lm_dir, minilm_dir, monkeypatch):
+    ctx = make(tmp_path / "a", tiny, tiny_lm_dir, minilm_dir, "select.size=0")
+    assert ctx.round == 2  # the default
+    pipeline.run(ctx, until="rounds")
+    r1 = ctx.prev_round()
+    before = digests(r1.cfg.run_dir)
+    mtimes = {f: f.stat().st_mtime_ns for f in r1.cfg.run_dir.rglob("*") if f.is_file()}
+    assert {n: s for n, s in pipeline.status(r1, "encoder").items()} == dict.fromkeys(
+        ("examples", "candidates", "scores", "labels", "encoder"), "fresh"
+    )
+
+    calls = {"n": 0}
+    real_chunk = scores_stage.score_chunk
+
+    def killed(*a, **k):
+        if calls["n"] == 1:
+            raise KeyboardInterrupt("killed in round 2")
+        calls["n"] += 1
+        return real_chunk(*a, **k)
+
+    monkeypatch.setattr(scores_stage, "score_chunk", killed)
+    with pytest.raises(KeyboardInterrupt):
+        pipeline.run(ctx, until="encoder")
+    monkeypatch.setattr(scores_stage, "score_chunk", real_chunk)
+    ran = pipeline.run(ctx, until="encoder")
+    assert ran == ["scores", "labels", "encoder"]  # round 1 (and round 2's candidates) were fresh
+    assert digests(r1.cfg.run_dir) == before
+    assert {f: f.stat().st_mtime_ns for f in r1.cfg.run_dir.rglob("*") if f.is_file()} == mtimes
+    # the resumed round 2 equals an uninterrupted two-round run from scratch, in another run root
+    clean = make(tmp_path / "b", tiny, tiny_lm_dir, minilm_dir, "select.size=0")
+    pipeline.run(clean, until="encoder")
+    for stage, f in (("candidates", "candidates.jsonl"), ("labels", "labels.jsonl")):
+        assert (ctx.stage_dir(stage) / f).read_bytes() == (clean.stage_dir(stage) / f).read_bytes(), stage
+    a = [json.loads(x) for x in (ctx.stage_dir("scores") / "scores.jsonl").read_text().splitlines()]
+    b = [json.loads(x) for x in (clean.stage_dir("scores") / "scores.jsonl").read_text().splitlines()]
+    np.testing.assert_allclose(
+        [s for r in a for s in r["scores"]], [s for r in b for s in r["scores"]], atol=2e-4
+    )
+    # round 2 mined with round 1's encoder and scored only the pairs round 1 had not
+    man = read_manifest(clean.stage_dir("candidates"))
+    assert man["round"] == 2
+    old = {(r["qid"], c) for r in rankings(clean.prev_round()) for c in r["ids"]}
+    new = [(r["qid"], c) for r in rankings(clean) for c in r["ids"]]
+    assert 0 < sum(p not in old for p in new) < len(new)
+    sc = read_manifest(clean.stage_dir("scores"))["scoring_speed"]
+    assert sc["scored_here"] == sum(p not in old for p in new)  # the cache served the rest
+    # epr status lists each round's stages
+    labels = [row[0] for row in pipeline.status_rows(clean, "encoder")]
+    assert labels[:5] == [f"round-1/{s}" for s in ("examples", "candidates", "scores", "labels", "encoder")]
+    assert "round-2/encoder" in labels
+
+
+def test_held_out_slice_is_never_labelled():
+    cfg = load_config(["configs/mtop.yaml"], [])
+    n = 15667
+    held, lab = held_out_ids(cfg, n), labelled_ids(cfg, n)
+    assert len(held) == cfg.select.size and len(lab) == cfg.candidates.num_queries
+    assert not set(held.tolist()) & set(lab.tolist())
+    # every example labelled (num_queries null): a fifth at most is held out, the rest labelled
+    cfg = load_config(["configs/mtop.yaml"], ["candidates.num_queries=null", "select.size=100000"])
+    held, lab = held_out_ids(cfg, 100), labelled_ids(cfg, 100)
+    assert len(held) == 20 and len(lab) == 80 and not set(held.tolist()) & set(lab.tolist())
+    cfg = load_config(["configs/mtop.yaml"], ["candidates.num_queries=null", "select.size=0"])
+    assert len(held_out_ids(cfg, 100)) == 0 and len(labelled_ids(cfg, 100)) == 100
+
+
+def test_choose_serves_bm25_when_no_learned_retriever_beats_it():
+    rng = np.random.default_rng(0)
+    bm25 = rng.normal(-10, 2, 200)
+    worse = bm25 - np.abs(rng.normal(0.5, 0.5, 200))
+    noise = bm25 + rng.normal(0, 0.01, 200)
+    rep = choose({"bm25": bm25, "epr": worse, "hybrid": noise}, ["epr", "hybrid"], 0.05)
+    assert rep["selected"] == BASELINE
+    assert "no learned retriever beat BM25" in rep["reason"] and "serving BM25" in rep["reason"]
+    better = bm25 + np.abs(rng.normal(1.0, 0.5, 200))
+    best = bm25 + np.abs(rng.normal(2.0, 0.5, 200))
+    rep = choose({"bm25": bm25, "epr": better, "hybrid": best}, ["epr", "hybrid"], 0.05)
+    assert rep["selected"] == "hybrid" and rep["rows"]["hybrid"]["gain"] > rep["rows"]["epr"]["gain"] > 0
+    assert rep["rows"]["hybrid"]["gain_ci"][0] > 0 and rep["rows"]["hybrid"]["p_ttest"] < 0.05
+    # a gain that is not significant is not served
+    tiny_gain = bm25 + rng.normal(0.01, 1.0, 200)
+    assert choose({"bm25": bm25, "epr": tiny_gain}, ["epr"], 1e-6)["selected"] == BASELINE
+
+
+def test_select_reads_no_evaluation_example(tmp_path, tiny, tiny_lm_dir, minilm_dir, monkeypatch):
+    ctx = make(tmp_path, tiny, tiny_lm_dir, minilm_dir, "candidates.rounds=1", "select.size=4")
+    pipeline.run(ctx, until="select")
+    rep = read_selection(ctx.cfg.run_dir)
+    assert rep["n"] == 4 and rep["selected"] in ("bm25", "epr", "hybrid")
+    per = [json.loads(x) for x in (ctx.stage_dir("select") / "per_example.jsonl").read_text().splitlines()]
+    lp = {n: np.array([np.nan if r[n] is None else r[n] for r in per]) for n in ("bm25", "epr", "hybrid")}
+    assert choose(lp, ["epr", "hybrid"], ctx.cfg.select.alpha) == {
+        k: rep[k] for k in rep if k not in ("n", "backend")
+    }
+    assert not {r["idx"] for r in per} & set(labelled_ids(ctx.cfg, 24).tolist())
+    want = (ctx.stage_dir("select") / "report.json").read_bytes()
+    # poison the evaluation split's outputs; reading the eval split at all is an error
+    ev = ctx.stage_dir("examples") / "eval.jsonl"
+    rows = [json.loads(x) for x in ev.read_text().splitlines()]
+    ev.write_text("".join(json.dumps({**r, "output": "POISON"}) + "\n" for r in rows))
+    real = Context.examples
+
+    def no_eval(self, split):
+        assert split != "eval", "select read the evaluation split"
+        return real(self, split)
+
+    monkeypatch.setattr(Context, "examples", no_eval)
+    pipeline.run_stage(ctx, "select", force=True)
+    assert (ctx.stage_dir("select") / "report.json").read_bytes() == want
