@@ -254,8 +254,8 @@ class PromptRetriever:
     ) -> Path:
         """A self-contained folder (encoder, pool, faiss index, prompt rules, tokenizer, RAGSys settings and
         quality bias, the served mode and why it was chosen, model card, a manifest of file digests) that
-        :meth:`from_pretrained` loads with no run folder or config. A non-empty ``out`` is refused unless ``overwrite`` (and the run folder, the current and the
-        home folder always are)."""
+        :meth:`from_pretrained` loads with no run folder or config. A non-empty ``out`` is refused unless
+        ``overwrite`` (and the run folder, the current and the home folder always are)."""
         from epr import shipping
 
         return shipping.save(self, out, card, run, overwrite)
