@@ -13,9 +13,9 @@ __all__ = ["model_card", "run_card", "served_section", "restate_served"]
 _BEGIN, _END = "<!-- epr:served -->", "<!-- /epr:served -->"
 _RANKS = {
     "epr": "the trained dual encoder (inner product over the faiss index)",
-    "hybrid": "the trained dual encoder's ranking fused with BM25 over the demonstrations' inputs by reciprocal "
-    "rank (RRF, c = 60)",
-    "bm25": "BM25 over the demonstrations' inputs; the trained encoder does not rank",
+    "hybrid": "the trained dual encoder's ranking fused with BM25 (`{b}`) over the demonstrations' inputs by "
+    "reciprocal rank (RRF, c = 60)",
+    "bm25": "BM25 (`{b}`) over the demonstrations' inputs; the trained encoder does not rank",
 }
 
 
@@ -27,10 +27,10 @@ def served_section(meta: dict) -> str:
     """Which retriever the folder serves (``meta["mode"]``, ``epr`` for folders written before modes) and, where
     the run's ``select`` stage chose it, why and the numbers it compared on the held-out slice of the pool."""
     mode, sel = meta.get("mode", "epr"), meta.get("selection") or {}
-    backend = f" (`{meta.get('bm25_backend', 'bm25s')}`)" if mode != "epr" else ""
+    ranks = _RANKS[mode].format(b=meta.get("bm25_backend", "bm25s"))
     lines = [_BEGIN, f"## Served retriever: `{mode}`", "",
-             f"`retrieve()`, `select()` and the LangChain and dspy adapters rank the pool by {_RANKS[mode]}"
-             f"{backend}. `EPREmbeddings` and RAGSys re-ranking use the trained encoder whatever the mode.", ""]  # fmt: skip
+             f"`retrieve()`, `select()` and the LangChain and dspy adapters rank the pool by {ranks}. "
+             "`EPREmbeddings` and RAGSys re-ranking use the trained encoder whatever the mode.", ""]  # fmt: skip
     if not sel:
         lines += ["No selection against BM25 was run for it (the run had no `select` stage).", ""]
         return "\n".join([*lines, _END, ""])
