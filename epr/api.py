@@ -155,8 +155,7 @@ def _selected(run: Path, mode: str | None, enc_fp: str) -> tuple[str, str, dict 
 
 class PromptRetriever:
     """A trained EPR encoder over a run's demonstration pool, with a cached faiss index, serving the ranking its
-    ``mode`` names (:mod:`epr.retrieval.modes`): ``epr`` (the dense index), ``hybrid`` (dense and BM25 over the
-    pool's inputs, fused by reciprocal rank) or ``bm25``; ``bm25_backend``: ``bm25s`` or ``rank_bm25``.
+    ``mode`` names (:mod:`epr.retrieval.modes`): ``epr`` (the dense index), ``hybrid`` or ``bm25``.
     ``selection_report``: the run's ``select`` stage summary (what was chosen, why, the compared rows), shipped
     with the retriever and stated in its model card."""
 
@@ -202,17 +201,14 @@ class PromptRetriever:
         check_mode(mode, self.bm25_backend)
         self._mode = mode
 
-    @property
-    def bm25_backend(self) -> str:
-        return self._bm25.backend
+    bm25_backend = property(lambda self: self._bm25.backend, doc="``bm25s`` or ``rank_bm25``")
 
     @classmethod
     def from_run(cls, run_dir: str | Path, factory: str = "Flat", mode: str | None = None) -> PromptRetriever:
         """The run's trained encoder and pool; the prompt rules of its ``prompts`` stage (defaults where the run
-        has not built prompts). It serves ``mode`` where given, else what the run's finished ``select`` stage
-        chose (``<run_dir>/select/report.json``, with its BM25 backend), else ``epr``; the log says which and why.
-        The faiss index is cached under ``<run_dir>/.cache/index/``, keyed by the encoder's and the pool's
-        fingerprints and the index factory."""
+        has not built prompts); ``mode`` where given, else what its finished ``select`` stage chose, else ``epr``
+        (the log says which and why). The faiss index is cached under ``<run_dir>/.cache/index/``, keyed by the
+        encoder's and the pool's fingerprints and the index factory."""
         run = Path(run_dir)
         model = run / "encoder" / "model"
         enc_man, ex_man = read_manifest(run / "encoder"), read_manifest(run / "examples")
