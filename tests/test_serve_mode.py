@@ -224,3 +224,19 @@ def test_folder_written_before_modes_loads_as_epr(shipped, tmp_path):
     assert r.mode == "epr" and r.selection_report is None
     for q in queries:
         assert r.select(q, 4) == dense(r, q, 4).tolist()
+
+
+def test_epr_export_ships_the_selection_or_the_mode_asked_for(run, tmp_path):
+    from epr.cli import main
+
+    write_select(run, report("hybrid"))
+    args = ["export", "--set", f"run_root={tmp_path}", "--set", "name=mine"]
+    assert main([*args, str(tmp_path / "chosen")]) == 0
+    assert json.loads((tmp_path / "chosen" / "retriever.json").read_text())["mode"] == "hybrid"
+    assert main([*args, "--mode", "bm25", str(tmp_path / "asked")]) == 0
+    meta = json.loads((tmp_path / "asked" / "retriever.json").read_text())
+    assert meta["mode"] == "bm25" and meta["selection"]["selected"] == "hybrid"
+    assert (
+        "Served by choice: the run's `select` stage chose `hybrid`"
+        in (tmp_path / "asked" / "README.md").read_text()
+    )
