@@ -8,11 +8,16 @@ for ex, score in zip(res.demos, res.scores): print(score, ex.input, "->", ex.out
 
 The prompt is built exactly as the run's ``prompts`` stage builds it (``epr.stages.prompts.prompt_maker``'s
 budget rules, counted in the inference LM's tokens): the API's ready prompt is the prompt that was evaluated.
+
+It ranks the pool by its ``mode`` (:mod:`epr.retrieval.modes`): ``epr`` (the trained dense encoder), ``hybrid``
+(that ranking fused with BM25 over the pool's inputs by reciprocal rank) or ``bm25``. ``from_run`` serves what the
+run's ``select`` stage chose (``<run>/select/report.json``), ``epr`` where the run has no finished select stage.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,6 +30,7 @@ from epr.cache import fingerprint, read_manifest
 from epr.config import DataConfig, RagsysConfig, RetrieveConfig, config_from_dict
 from epr.encoder.model import DualEncoder
 from epr.retrieval.index import build_index, load_index, save_index, search
+from epr.retrieval.modes import LazyBM25, check_mode, rank
 from epr.retrieval.prompt_budget import build_prompt
 from epr.tasks import get_task
 from epr.types import Example, UpstreamError
@@ -37,7 +43,7 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class RetrievalResult:
     demos: list[Example]  # best first
-    scores: list[float]  # inner products, best first
+    scores: list[float]  # best first: inner products (epr), BM25 scores (bm25), fused RRF scores (hybrid)
     prompt: str  # [e_j; ...; e_1; query]: the demonstrations that fit the budget, best right before the query
     prompt_demos: int = 0  # how many of ``demos`` (the best ones) the prompt holds
 
@@ -55,8 +61,8 @@ class Budget:
 
 @dataclass(frozen=True)
 class Selection:
-    """How the LangChain and dspy adapters pick demonstrations (:meth:`PromptRetriever.select`): ``k`` of them, EPR's
-    top-k when ``lambda_d`` = ``lambda_b`` = 1, else RAGSys over the ``shortlist`` best."""
+    """How the LangChain and dspy adapters pick demonstrations (:meth:`PromptRetriever.select`): ``k`` of them, the
+    served mode's top-k when ``lambda_d`` = ``lambda_b`` = 1, else RAGSys over its ``shortlist`` best."""
 
     k: int = 4
     lambda_d: float = 1.0
@@ -115,8 +121,43 @@ def _warn_changed_data(run: Path, ex_man: dict) -> None:
         )
 
 
+def _selected(run: Path, mode: str | None, enc_fp: str) -> tuple[str, str, dict | None]:
+    """(the mode to serve, its BM25 backend, the select stage's report or None): ``mode`` where given, else what
+    the run's finished ``select`` stage chose, else ``epr``. A select folder without its manifest is unfinished
+    and ignored, as every stage's is."""
+    report, man, f = None, read_manifest(run / "select"), run / "select" / "report.json"
+    try:
+        if man is not None:
+            report = json.loads(f.read_text(encoding="utf-8"))
+            check_mode(report["selected"], report.get("backend") or "bm25s")
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        if mode is None:
+            raise UpstreamError(
+                f"{f}: not a readable select report ({type(e).__name__}: {e}); rerun the select stage "
+                "(`epr run` with the run's -c/--set), or pass mode= to choose the retriever yourself"
+            ) from None
+        log.warning("%s: unreadable (%s); serving mode=%r as asked", f, e, mode)
+        report = None
+    if report is not None and man.get("upstream", {}).get("encoder") not in (None, enc_fp):
+        log.warning("%s: the select stage compared an earlier encoder of this run; rerun it to compare the "
+                    "current one (`epr run` with the run's -c/--set)", run)  # fmt: skip
+    cand = (read_manifest(run / "candidates") or {}).get("config", {}).get("candidates", {})
+    backend = (report or {}).get("backend") or cand.get("backend") or "bm25s"
+    chose = report and f"the run's select stage chose {report['selected']!r}: {report.get('reason')}"
+    if mode is not None:
+        why = f"asked for with mode={mode!r}" + (f"; {chose}" if chose else "")
+    else:
+        mode, why = (report["selected"], chose) if report else ("epr", "the run has no finished select stage")
+    check_mode(mode, backend)
+    log.info("%s: serving the %r retriever (%s)", run, mode, why)
+    return mode, backend, report
+
+
 class PromptRetriever:
-    """A trained EPR encoder over a run's demonstration pool, with a cached faiss index."""
+    """A trained EPR encoder over a run's demonstration pool, with a cached faiss index, serving the ranking its
+    ``mode`` names (:mod:`epr.retrieval.modes`): ``epr`` (the dense index), ``hybrid`` or ``bm25``.
+    ``selection_report``: the run's ``select`` stage summary (what was chosen, why, the compared rows), shipped
+    with the retriever and stated in its model card."""
 
     def __init__(
         self,
@@ -129,8 +170,14 @@ class PromptRetriever:
         count: Callable[[str], int] | None = None,
         ragsys: dict | None = None,
         quality: np.ndarray | None = None,
+        mode: str = "epr",
+        bm25_backend: str = "bm25s",
+        selection_report: dict | None = None,
     ):
+        check_mode(mode, bm25_backend)
         self.encoder, self.pool, self.task = encoder, pool, task
+        self._mode, self._bm25 = mode, LazyBM25(bm25_backend)
+        self.selection_report = selection_report
         self.ragsys = dict(ragsys) if ragsys is not None else dataclasses.asdict(RagsysConfig())
         self.quality = (
             quality  # the pool's RAGSys quality bias under the run's inference LM, where it has one
@@ -144,11 +191,24 @@ class PromptRetriever:
         self.budget = budget or Budget(d.prompt_budget, d.answer_reserve, d.max_demos, "smollm2")
         self._count = count
 
+    @property
+    def mode(self) -> str:
+        """The served ranking: ``epr``, ``hybrid`` or ``bm25`` (settable)."""
+        return self._mode
+
+    @mode.setter
+    def mode(self, mode: str) -> None:
+        check_mode(mode, self.bm25_backend)
+        self._mode = mode
+
+    bm25_backend = property(lambda self: self._bm25.backend, doc="``bm25s`` or ``rank_bm25``")
+
     @classmethod
-    def from_run(cls, run_dir: str | Path, factory: str = "Flat") -> PromptRetriever:
+    def from_run(cls, run_dir: str | Path, factory: str = "Flat", mode: str | None = None) -> PromptRetriever:
         """The run's trained encoder and pool; the prompt rules of its ``prompts`` stage (defaults where the run
-        has not built prompts). The faiss index is cached under ``<run_dir>/.cache/index/``, keyed by the encoder's
-        and the pool's fingerprints and the index factory."""
+        has not built prompts); ``mode`` where given, else what its finished ``select`` stage chose, else ``epr``
+        (the log says which and why). The faiss index is cached under ``<run_dir>/.cache/index/``, keyed by the
+        encoder's and the pool's fingerprints and the index factory."""
         run = Path(run_dir)
         model = run / "encoder" / "model"
         enc_man, ex_man = read_manifest(run / "encoder"), read_manifest(run / "examples")
@@ -160,6 +220,7 @@ class PromptRetriever:
         task = get_task(config_from_dict(DataConfig, ex_man["config"]["data"]))
         _warn_changed_data(run, ex_man)
         pool = [Example.from_json(r) for r in read_jsonl(run / "examples" / "pool.jsonl")]
+        mode, backend, report = _selected(run, mode, enc_man["fingerprint"])
         enc = DualEncoder.from_pretrained(str(model))
         pm, rm = read_manifest(run / "prompts"), read_manifest(run / "retrieve")
         budget = None
@@ -170,7 +231,8 @@ class PromptRetriever:
         rr = read_manifest(run / "rerank")
         ragsys = rr["config"].get("ragsys") if rr is not None else None
         qf = run / "rerank" / "quality_bias.npy"
-        extra = {"budget": budget, "ragsys": ragsys, "quality": np.load(qf) if qf.exists() and rr else None}
+        extra = {"budget": budget, "ragsys": ragsys, "quality": np.load(qf) if qf.exists() and rr else None,
+                 "mode": mode, "bm25_backend": backend, "selection_report": report}  # fmt: skip
         key = {"encoder": enc_man["fingerprint"], "pool": ex_man["fingerprint"], "factory": factory}
         cached = run / ".cache" / "index" / f"{fingerprint(key)}.faiss"
         if cached.exists():
@@ -187,9 +249,9 @@ class PromptRetriever:
         overwrite: bool = False,
     ) -> Path:
         """A self-contained folder (encoder, pool, faiss index, prompt rules, tokenizer, RAGSys settings and
-        quality bias, model card, a manifest of file digests) that :meth:`from_pretrained` loads with no run folder
-        or config. A non-empty ``out`` is refused unless ``overwrite`` (and the run folder, the current and the
-        home folder always are)."""
+        quality bias, the served mode and why it was chosen, model card, a manifest of file digests) that
+        :meth:`from_pretrained` loads with no run folder or config. A non-empty ``out`` is refused unless
+        ``overwrite`` (and the run folder, the current and the home folder always are)."""
         from epr import shipping
 
         return shipping.save(self, out, card, run, overwrite)
@@ -199,16 +261,19 @@ class PromptRetriever:
         cls, path: str | Path, revision: str | None = None, token: str | None = None
     ) -> PromptRetriever:
         """Load a folder written by :meth:`save_pretrained` / ``epr export``, or a hub repo id (``owner/name``,
-        as sentence-transformers loads them; ``revision`` and ``token`` go to the hub)."""
+        as sentence-transformers loads them; ``revision`` and ``token`` go to the hub). It serves the mode it was
+        saved with (``epr`` for a folder written before modes)."""
         from epr import shipping
 
         parts = shipping.load(path, revision, token)
         r = cls(
             parts.encoder, parts.pool, parts.task, parts.index, budget=Budget(**parts.budget), count=parts.count,
-            ragsys=parts.ragsys, quality=parts.quality,
+            ragsys=parts.ragsys, quality=parts.quality, mode=parts.mode, bm25_backend=parts.bm25_backend,
+            selection_report=parts.selection,
         )  # fmt: skip
         # saved again (save_pretrained, push_to_hub), it keeps its model card and provenance
         r.shipped = {"card": parts.card, "source": parts.source}
+        log.info("%s: serving the %r retriever", path, r.mode)
         return r
 
     def push_to_hub(
@@ -234,19 +299,29 @@ class PromptRetriever:
             self._count = lambda s: len(tok(s, add_special_tokens=False)["input_ids"])
         return self._count(text)
 
+    def _rank(self, query: str, k: int, q: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """The served mode's ``k`` best pool ids and scores (:func:`epr.retrieval.modes.rank`); ``q``: the query's
+        embedding ``(1, H)`` where the caller has it (encoded here only if the mode needs it)."""
+
+        def dense(n: int) -> tuple[np.ndarray, np.ndarray]:
+            ids, sc = search(self.index, self.encoder.encode([query], "query") if q is None else q, n)
+            keep = ids[0] >= 0
+            return ids[0][keep], sc[0][keep]
+
+        return rank(self.mode, query, k, dense, lambda: self._bm25(self.pool))
+
     def retrieve(self, query: str, k: int | None = None) -> RetrievalResult:
-        """The ``k`` best demonstrations (default: the run's ``retrieve.k``, as the prompts stage saw them) and the
-        prompt of those that fit the budget."""
+        """The ``k`` best demonstrations by the served mode (default ``k``: the run's ``retrieve.k``, as the
+        prompts stage saw them), their scores (inner products for ``epr``, BM25 scores for ``bm25``, fused
+        reciprocal-rank scores for ``hybrid``) and the prompt of those that fit the budget."""
         query, k = _check_query(query, self.budget.k if k is None else k)
-        q = self.encoder.encode([query], "query")
-        ids, sc = search(self.index, q, k)
-        keep = [j for j, i in enumerate(ids[0]) if i >= 0]
-        demos = [self.pool[ids[0][j]] for j in keep]
+        ids, sc = self._rank(query, k)
+        demos = [self.pool[i] for i in ids]
         b = self.budget
         p = build_prompt(
             self.task,
             Example(-1, query, "", {}),
-            [int(ids[0][j]) for j in keep],
+            [int(i) for i in ids],
             self.pool,
             self.count,
             b.prompt_budget,
@@ -261,7 +336,7 @@ class PromptRetriever:
                 b.prompt_budget,
                 b.tokenizer,
             )
-        return RetrievalResult(demos, [float(sc[0][j]) for j in keep], p.text, len(p.demo_ids))
+        return RetrievalResult(demos, [float(x) for x in sc], p.text, len(p.demo_ids))
 
     def select(
         self,
@@ -271,20 +346,19 @@ class PromptRetriever:
         lambda_b: float = 1.0,
         shortlist: int = 50,
     ) -> list[int]:
-        """Pool ids of ``k`` demonstrations for ``query``, best first: EPR's top-k by inner product when
-        ``lambda_d`` = ``lambda_b`` = 1; otherwise the ``shortlist`` best re-ranked by RAGSys (Algorithm 1, SPEC 3.1:
-        ``lambda_d`` relevance vs diversity, ``lambda_b`` relevance vs the pool's quality bias). The LangChain and
-        dspy adapters select through this."""
+        """Pool ids of ``k`` demonstrations for ``query``, best first: the served mode's top-k when ``lambda_d`` =
+        ``lambda_b`` = 1; otherwise the mode's ``shortlist`` best re-ranked by RAGSys (Algorithm 1, SPEC 3.1:
+        ``lambda_d`` relevance vs diversity, ``lambda_b`` relevance vs the pool's quality bias), relevance and
+        diversity measured with the trained encoder's embeddings whatever the mode. The LangChain and dspy
+        adapters select through this."""
         from ragsys import mmr_select
 
         query, k = _check_query(query, k)
         Selection(k, lambda_d, lambda_b, shortlist).check(self)
-        q = self.encoder.encode([query], "query")
         if lambda_d == 1.0 and lambda_b == 1.0:
-            ids, _ = search(self.index, q, k)
-            return [int(i) for i in ids[0] if i >= 0]
-        ids, _ = search(self.index, q, max(shortlist, k))
-        cand = np.array([int(i) for i in ids[0] if i >= 0])
+            return self._rank(query, k)[0].tolist()
+        q = self.encoder.encode([query], "query")
+        cand = self._rank(query, max(shortlist, k), q)[0]
         emb = np.stack([self.index.reconstruct(int(i)) for i in cand])
         quality = None if self.quality is None else np.asarray(self.quality)[cand]
         pick = mmr_select(q[0], emb, quality, min(k, len(cand)), lambda_d, lambda_b)
@@ -292,7 +366,7 @@ class PromptRetriever:
 
     def add(self, input: str, output: str) -> int:
         """Encode a new demonstration with the demonstration tower and add it to the pool and the index (no
-        retraining); returns its pool id. Its quality bias, where the pool has them, is the pool's mean (scoring
+        retraining; BM25 over the inputs is rebuilt on its next use); returns its pool id. Its quality bias, where the pool has them, is the pool's mean (scoring
         it would need the LM). The texts follow a data file's rules (:func:`epr.tasks.base.field_text`: a number is
         written as JSON writes it; an object, an array or None is a ``TypeError``); an empty one, or an output
         holding the task's end marker, is a ``ValueError``; nothing is added then."""
@@ -312,11 +386,14 @@ class PromptRetriever:
         ex = Example(len(self.pool), texts["input"], texts["output"], {})
         self.index.add(self.encoder.encode([self.encoder.demo(self.task, ex)], "prompt"))
         self.pool.append(ex)
+        self._bm25.reset()
         if self.quality is not None:
             self.quality = np.append(np.asarray(self.quality), np.float32(np.mean(self.quality)))
         return ex.idx
 
     def scores_for(self, query: str, ids) -> np.ndarray:
+        """``(len(ids),) float32`` inner products of ``query`` with those demonstrations (the trained encoder,
+        whatever the mode)."""
         q = self.encoder.encode([query], "query")[0]
         p = self.encoder.encode([self.encoder.demo(self.task, self.pool[i]) for i in ids], "prompt")
         return p @ q

@@ -24,6 +24,7 @@ __all__ = ["main", "build_parser", "context_from_args", "explain"]
 
 def build_parser() -> argparse.ArgumentParser:
     from epr.pipeline import ALIASES, STAGES
+    from epr.retrieval.modes import MODES
 
     p = argparse.ArgumentParser(
         prog="epr", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -66,6 +67,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--overwrite",
         action="store_true",
         help="replace a non-empty OUT (never the run folder, its parents, the current or the home folder)",
+    )
+    e.add_argument(
+        "--mode",
+        choices=MODES,
+        help="the retriever to serve (default: what the run's select stage chose, else epr)",
     )
     sub.add_parser(
         "demo",
@@ -304,7 +310,7 @@ def _main(argv: list[str]) -> int:
 
         # refused before anything is loaded: a wrong OUT costs nothing and deletes nothing
         check_destination(args.out, overwrite=args.overwrite, protect=[ctx.cfg.run_dir])
-        r = PromptRetriever.from_run(ctx.cfg.run_dir)
+        r = PromptRetriever.from_run(ctx.cfg.run_dir, mode=args.mode)
         out = r.save_pretrained(args.out, run=ctx.cfg.run_dir, overwrite=args.overwrite)
         sys.stdout.write(f"wrote {out} (PromptRetriever.from_pretrained({str(out)!r}))\n")
         return 0

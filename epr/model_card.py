@@ -7,7 +7,59 @@ from pathlib import Path
 
 from epr.cache import read_manifest
 
-__all__ = ["model_card", "run_card"]
+__all__ = ["model_card", "run_card", "served_section", "restate_served"]
+
+# the served-retriever section is kept between these, so a resave with another mode restates it
+_BEGIN, _END = "<!-- epr:served -->", "<!-- /epr:served -->"
+_RANKS = {
+    "epr": "the trained dual encoder (inner product over the faiss index)",
+    "hybrid": "the trained dual encoder's ranking fused with BM25 (`{b}`) over the demonstrations' inputs by "
+    "reciprocal rank (RRF, c = 60)",
+    "bm25": "BM25 (`{b}`) over the demonstrations' inputs; the trained encoder does not rank",
+}
+
+
+def _num(v, spec: str) -> str:
+    return format(v, spec) if isinstance(v, (int, float)) and not isinstance(v, bool) else "–"
+
+
+def served_section(meta: dict) -> str:
+    """Which retriever the folder serves (``meta["mode"]``, ``epr`` for folders written before modes) and, where
+    the run's ``select`` stage chose it, why and the numbers it compared on the held-out slice of the pool."""
+    mode, sel = meta.get("mode", "epr"), meta.get("selection") or {}
+    ranks = _RANKS[mode].format(b=meta.get("bm25_backend", "bm25s"))
+    lines = [_BEGIN, f"## Served retriever: `{mode}`", "",
+             f"`retrieve()`, `select()` and the LangChain and dspy adapters rank the pool by {ranks}. "
+             "`EPREmbeddings` and RAGSys re-ranking use the trained encoder whatever the mode.", ""]  # fmt: skip
+    if not sel:
+        lines += ["No selection against BM25 was run for it (the run had no `select` stage).", ""]
+        return "\n".join([*lines, _END, ""])
+    chosen, base = sel.get("selected"), sel.get("baseline", "bm25")
+    if chosen == "bm25":
+        lines += ["**No learned retriever beat BM25 on your pool**: neither the trained encoder (`epr`) nor its "
+                  "fusion with BM25 (`hybrid`) did better than BM25 on the held-out queries of your pool "
+                  "by the selection rule, so BM25 was selected.", ""]  # fmt: skip
+    if chosen != mode:
+        lines += [f"Served by choice: the run's `select` stage chose `{chosen}`.", ""]
+    rule = f" (rule: {sel['rule']})" if sel.get("rule") else ""
+    lines += [f"Selection (the run's `select` stage): {sel.get('reason', '')}{rule}", "",
+              f"Compared on {sel.get('n', '?')} held-out queries of the training pool (the LM's log-probability "
+              f"of the gold output with each retriever's demonstrations, paired against `{base}`):", "",
+              f"| retriever | gold log-prob | gain vs {base} | p vs {base} |", "|---|---|---|---|"]  # fmt: skip
+    for name, row in (sel.get("rows") or {}).items():
+        mark = " (served)" if name == mode else " (selected)" if name == chosen else ""
+        lines.append(f"| `{name}`{mark} | {_num(row.get('gold_logprob'), '.3f')} | "
+                     f"{_num(row.get('gain_vs_bm25'), '+.3f')} | {_num(row.get('p_vs_bm25'), '.3g')} |")  # fmt: skip
+    return "\n".join([*lines, "", _END, ""])
+
+
+def restate_served(card: str, meta: dict) -> str:
+    """``card`` with its served-retriever section replaced by ``meta``'s (a retriever saved again after its mode
+    changed); a card without one (written before modes) gets it appended unless it serves ``epr``."""
+    if _BEGIN in card and _END in card:
+        head, rest = card.split(_BEGIN, 1)
+        return head + served_section(meta).rstrip("\n") + rest.split(_END, 1)[1]
+    return card if meta.get("mode", "epr") == "epr" else card.rstrip("\n") + "\n\n" + served_section(meta)
 
 
 def model_card(meta: dict, run: dict) -> str:
@@ -31,6 +83,7 @@ def model_card(meta: dict, run: dict) -> str:
         "print(r.retrieve('your query').prompt)",
         "```",
         "",
+        served_section(meta),
         "## Training",
         "",
         f"- Data: task `{t.get('task')}`, {meta['pool_size']} demonstrations in the pool"

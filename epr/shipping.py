@@ -3,7 +3,8 @@
 The folder holds everything retrieval needs and nothing of the run that made it, so it loads with no run folder,
 no config and no model package:
 
-    retriever.json      what the folder holds (format, task, prompt rules, RAGSys settings, where it came from)
+    retriever.json      what the folder holds (format, task, prompt rules, RAGSys settings, the served mode with
+                        its BM25 backend and the run's selection summary, where it came from)
     encoder/            both towers (or the one shared tower) and their tokenizer (``DualEncoder.save_pretrained``)
     pool.jsonl          the demonstrations, in index order
     index.faiss         their prompt-tower embeddings
@@ -36,16 +37,19 @@ import numpy as np
 
 from epr.artifacts import apply_umask, atomic_write_text, dir_mode, read_jsonl, write_jsonl
 from epr.cache import read_manifest
-from epr.model_card import model_card, run_card
+from epr.model_card import model_card, restate_served, run_card
 from epr.types import Example, InputError
 
 PromptRetriever = (
     Any  # an ``epr.api.PromptRetriever`` (the API builds it from ``Shipped``; this module never imports it)
 )
 
-__all__ = ["FORMAT", "MANIFEST", "Shipped", "save", "load", "check_destination", "verify"]
+__all__ = ["FORMAT", "FORMAT_MODES", "MANIFEST", "Shipped", "save", "load", "check_destination", "verify"]
 
 FORMAT = "epr-retriever/1"
+# a folder serving hybrid or BM25: an epr that predates modes refuses it rather than serve the dense ranking
+FORMAT_MODES = "epr-retriever/2"
+READS = (FORMAT, FORMAT_MODES)
 MANIFEST = "manifest.json"
 REQUIRED = ("retriever.json", "pool.jsonl", "index.faiss", "encoder", "tokenizer")
 log = logging.getLogger(__name__)
@@ -193,25 +197,37 @@ def _write(r: PromptRetriever, tmp: Path, card: str | None, run: str | Path | No
     if r.quality is not None:
         np.save(tmp / "quality_bias.npy", np.asarray(r.quality, dtype=np.float32))
     b = r.budget
+    fmt = FORMAT if r.mode == "epr" else FORMAT_MODES
     meta = {
-        "format": FORMAT,
+        "format": fmt,
         "task": _task_config(r.task),
         "budget": {"prompt_budget": b.prompt_budget, "answer_reserve": b.answer_reserve, "max_demos": b.max_demos,
                    "k": b.k, "tokenizer_name": b.tokenizer},
         "ragsys": dict(r.ragsys),
         "pool_size": len(r.pool),
         "quality_bias": r.quality is not None,
+        "mode": r.mode,
+        "bm25_backend": r.bm25_backend,
+        "selection": _selection_summary(r.selection_report),
         "source": _source(Path(run)) if run is not None else getattr(r, "shipped", {}).get("source", {}),
     }  # fmt: skip
     atomic_write_text(tmp / "retriever.json", json.dumps(meta, indent=2) + "\n")
     if card is None and run is not None:
         card = run_card(Path(run), meta)
-    if card is None:  # a retriever loaded from a shipped folder keeps its card
-        card = getattr(r, "shipped", {}).get("card") or model_card(meta, {})
+    if card is None:  # a retriever loaded from a shipped folder keeps its card, restating what it serves
+        kept = getattr(r, "shipped", {}).get("card")
+        card = restate_served(kept, meta) if kept else model_card(meta, {})
     atomic_write_text(tmp / "README.md", card)
     apply_umask(tmp)  # the encoder's and tokenizer's files as the umask says (transformers writes some 0600)
-    manifest = {"format": FORMAT, "files": _file_list(tmp)}
+    manifest = {"format": fmt, "files": _file_list(tmp)}
     atomic_write_text(tmp / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+
+
+def _selection_summary(report: dict | None) -> dict | None:
+    """What the card and a reader need of the run's select report: what was chosen, why, on how many held-out
+    queries, and the compared rows."""
+    keys = ("selected", "reason", "baseline", "n", "rule", "rows")
+    return None if report is None else {k: report[k] for k in keys if k in report}
 
 
 def _source(run: Path) -> dict:
@@ -286,6 +302,9 @@ class Shipped:
     quality: np.ndarray | None
     card: str
     source: dict
+    mode: str = "epr"  # a folder written before modes serves the dense ranking, as it did
+    bm25_backend: str = "bm25s"
+    selection: dict | None = None
 
 
 def load(path: str | Path, revision: str | None = None, token: str | None = None) -> Shipped:
@@ -294,6 +313,7 @@ def load(path: str | Path, revision: str | None = None, token: str | None = None
     from epr.config import DataConfig, config_from_dict
     from epr.encoder.model import DualEncoder
     from epr.retrieval.index import load_index
+    from epr.retrieval.modes import BM25_BACKENDS, MODES
     from epr.tasks import get_task
 
     path = resolve(path, revision, token)
@@ -307,8 +327,14 @@ def load(path: str | Path, revision: str | None = None, token: str | None = None
         meta = json.loads(f.read_text(encoding="utf-8"))
     except ValueError as e:
         raise InputError(f"{f}: not valid JSON ({e}); export the retriever again (epr export)") from None
-    if meta.get("format") != FORMAT:
-        raise InputError(f"{f}: format {meta.get('format')!r}; this epr reads {FORMAT!r}")
+    if meta.get("format") not in READS:
+        raise InputError(
+            f"{f}: format {meta.get('format')!r}; this epr reads {' or '.join(map(repr, READS))}"
+        )
+    mode, backend = meta.get("mode", "epr"), meta.get("bm25_backend", "bm25s")
+    if mode not in MODES or backend not in BM25_BACKENDS:
+        raise InputError(f"{f}: mode {mode!r} with BM25 backend {backend!r}; this epr serves modes "
+                         f"{', '.join(MODES)} with {' or '.join(BM25_BACKENDS)}")  # fmt: skip
     task = get_task(config_from_dict(DataConfig, meta["task"], where=str(f)))
     pool = [Example.from_json(x) for x in read_jsonl(path / "pool.jsonl")]
     index = load_index(path / "index.faiss")
@@ -330,4 +356,7 @@ def load(path: str | Path, revision: str | None = None, token: str | None = None
         quality=np.load(path / "quality_bias.npy") if meta.get("quality_bias") else None,
         card=(path / "README.md").read_text(encoding="utf-8"),
         source=meta.get("source", {}),
+        mode=mode,
+        bm25_backend=backend,
+        selection=meta.get("selection"),
     )

@@ -144,3 +144,20 @@ def test_copies_of_a_compiled_program_are_their_own_and_a_trainset_is_added_once
     first = lm.history[0]["messages"]
     assert "TWIN-INSTRUCTIONS" in first[0]["content"]  # the copy's own predictor ran
     assert len(first) == 2 + 2 * 2  # with its per-call demonstrations
+
+
+def test_demonstrations_follow_the_served_mode(shipped):
+    """A retriever serving BM25 (its run's select stage chose it) gives dspy BM25's picks, best last."""
+    from epr.retrieval.retrievers import BM25Retriever
+    from epr.types import Example
+
+    path, queries = shipped
+    r = PromptRetriever.from_pretrained(path)
+    r.mode = "bm25"
+    bm25 = BM25Retriever(r.pool, "input", "bm25s")
+    parse = EPRPredict("input -> output", r, k=3)
+    lm = DummyLM([{"output": "x"}] * 4)
+    with dspy.context(lm=lm):
+        for q in queries[:3]:
+            parse(input=q)
+            assert_demos(lm, r, bm25.retrieve([Example(-1, q, "", {})], 3).ids[0][::-1].tolist())

@@ -103,3 +103,35 @@ def test_readme_snippet_runs(shipped, capsys):
     assert (
         out.endswith("wake me up at 7 tomorrow\t\n") and out.count("\n\n") == 4
     )  # 4 examples, then the query
+
+
+@pytest.mark.parametrize("mode", ["bm25", "hybrid"])
+def test_selector_serves_the_retrievers_mode(shipped, mode):
+    """The selector picks by the retriever's served mode (BM25 over the inputs, or its fusion with the dense
+    ranking); the Embeddings stay the trained towers whatever the mode."""
+    from epr.retrieval.index import search
+    from epr.retrieval.retrievers import BM25Retriever, rrf_fuse
+    from epr.types import Example
+
+    path, queries = shipped
+    r = PromptRetriever.from_pretrained(path)
+    bm25 = BM25Retriever(r.pool, "input", "bm25s")
+
+    def dense(q):
+        return search(r.index, r.encoder.encode([q], "query"), 3)[0][0]
+
+    r.mode = mode
+    sel, differs = EPRExampleSelector(r, k=3), 0
+    for q in queries:
+        b = bm25.retrieve([Example(-1, q, "", {})], 3).ids[0]
+        want = b if mode == "bm25" else rrf_fuse([dense(q), b], 3)[0]
+        assert sel.select_ids(q) == want.tolist()
+        assert [e["input"] for e in sel.select_examples({"input": q})] == [
+            r.pool[i].input for i in want[::-1]
+        ]
+        differs += want.tolist() != dense(q).tolist()
+    assert differs  # not the dense ranking
+    emb = EPREmbeddings(r)
+    np.testing.assert_allclose(
+        emb.embed_query(queries[0]), r.encoder.encode(queries[:1], "query")[0], rtol=1e-5
+    )

@@ -7,8 +7,9 @@ our retriever picks for that call's input:
 - :class:`EPRFewShot`: an optimizer in the manner of ``dspy.KNNFewShot``: ``EPRFewShot(retriever, k=4).compile(program)``
   returns a copy of ``program`` whose every predictor gets per-call demonstrations.
 
-Selection is :meth:`epr.api.PromptRetriever.select` (EPR's top-k, or RAGSys re-ranking with ``lambda_d`` /
-``lambda_b``); demonstrations come in prompt order, the best last (right before the input), as EPR evaluates them.
+Selection is :meth:`epr.api.PromptRetriever.select`: the top-k of the retriever's served mode (``epr``, ``hybrid``
+or ``bm25``, as its run's ``select`` stage chose), or RAGSys re-ranking of its shortlist with ``lambda_d`` /
+``lambda_b``; demonstrations come in prompt order, the best last (right before the input), as EPR evaluates them.
 
     import dspy
     from epr.api import PromptRetriever, Selection

@@ -1,11 +1,13 @@
 """LangChain drop-ins backed by a trained (or shipped) EPR retriever. Needs ``pip install "epr[langchain]"``.
 
-- :class:`EPRExampleSelector`: a ``BaseExampleSelector`` for ``FewShotPromptTemplate``: the query tower finds the
-  demonstrations, optionally re-ranked by RAGSys (Algorithm 1: ``lambda_d`` diversity, ``lambda_b`` quality bias,
+- :class:`EPRExampleSelector`: a ``BaseExampleSelector`` for ``FewShotPromptTemplate``: the retriever's served mode
+  (``epr``: the query tower; ``hybrid``: it fused with BM25; ``bm25``) finds the demonstrations, optionally
+  re-ranked by RAGSys (Algorithm 1: ``lambda_d`` diversity, ``lambda_b`` quality bias,
   passed through, unlike LangChain's own MMR selector). ``add_example`` encodes and indexes a new demonstration
   without retraining.
 - :class:`EPREmbeddings`: ``Embeddings`` whose ``embed_query`` is the query tower and ``embed_documents`` the
-  demonstration tower, so any LangChain vector store can serve the trained dual encoder.
+  demonstration tower, so any LangChain vector store can serve the trained dual encoder (the dense encoder
+  whatever the retriever's mode: a vector store has no BM25).
 
     from langchain_core.prompts import FewShotPromptTemplate, PromptTemplate
     from epr.api import PromptRetriever, Selection
@@ -33,8 +35,9 @@ __all__ = ["EPRExampleSelector", "EPREmbeddings"]
 class EPRExampleSelector(BaseExampleSelector):
     """Select few-shot examples with a trained EPR retriever (and RAGSys re-ranking).
 
-    ``lambda_d`` = ``lambda_b`` = 1 (the default) is EPR's own top-k by inner product. Otherwise the ``shortlist``
-    best by the query tower are re-ranked by Algorithm 1 (SPEC 3.1) with the pool's quality bias (``lambda_b`` < 1
+    ``lambda_d`` = ``lambda_b`` = 1 (the default) is the top-k of the retriever's served mode
+    (:attr:`epr.api.PromptRetriever.mode`: ``epr``, ``hybrid`` or ``bm25``, as its run's ``select`` stage chose).
+    Otherwise that mode's ``shortlist`` best are re-ranked by Algorithm 1 (SPEC 3.1) with the pool's quality bias (``lambda_b`` < 1
     needs one: a retriever exported from a run that computed it). Examples come back in prompt order: the best
     last, right before the query, as EPR builds and evaluates its prompts (``order="best_first"`` reverses).
     """
@@ -78,7 +81,10 @@ class EPRExampleSelector(BaseExampleSelector):
 
 class EPREmbeddings(Embeddings):
     """The trained dual encoder as LangChain ``Embeddings``: queries through the query tower, documents (the
-    demonstrations, as :meth:`document` writes them) through the demonstration tower."""
+    demonstrations, as :meth:`document` writes them) through the demonstration tower. It embeds with the trained
+    towers whatever the retriever's served mode (``hybrid`` and ``bm25`` fuse or replace the dense ranking inside
+    :meth:`~epr.api.PromptRetriever.select`; embeddings have no BM25 part): use :class:`EPRExampleSelector` to
+    serve the selected retriever."""
 
     def __init__(self, retriever: PromptRetriever):
         self.retriever = retriever
