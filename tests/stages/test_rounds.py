@@ -16,7 +16,7 @@ from epr.context import Context
 from epr.stages import scores as scores_stage
 from epr.stages.candidates import held_out_ids, labelled_ids
 from epr.stages.select import BASELINE, choose, read_selection
-from tests.conftest import write_tiny_task
+from tests.conftest import SHARED_DATA, write_tiny_task
 
 from .test_pipeline import ctx_overrides
 
@@ -199,3 +199,34 @@ def test_select_reads_no_evaluation_example(tmp_path, tiny, tiny_lm_dir, minilm_
     monkeypatch.setattr(Context, "examples", no_eval)
     pipeline.run_stage(ctx, "select", force=True)
     assert (ctx.stage_dir("select") / "report.json").read_bytes() == want
+
+
+def _committed_fp(folder: str, row: str) -> str:
+    root = Path(__file__).resolve().parents[2]
+    return json.loads((root / "results" / folder / "rows" / row).read_text())["key"]["fp"]
+
+
+@pytest.mark.skipif(not SHARED_DATA.exists(), reason="../shared/data not present")
+def test_paper_config_and_round_one_reproduce_the_committed_fingerprints(monkeypatch):
+    """Rounds and selection orphan no committed run: configs/paper.yaml (one round, the paper's loss) gives the
+    committed round-1 labels' fingerprint, and round 1 of the default two-round MTOP run (fp32 labels) is the
+    committed round-1 encoder (results/mtop-curve-round1/, -locked/), so its round 2 re-mines exactly what the
+    chained runs mined."""
+    root = Path(__file__).resolve().parents[2]
+    monkeypatch.chdir(root)  # the configs' data_dir (../shared/data) is relative to the repository root
+    paper = Context(load_config(["configs/mtop_curve.yaml", "configs/paper.yaml"], ["train.seed=42"]))
+    assert paper.round == 1 and paper.cfg.train.loss == "epr" and paper.cfg.select.size == 0
+    assert pipeline.stage_fingerprint(paper, "labels") == _committed_fp("mtop-curve-round1", "bm25.json")
+    assert "rounds" not in pipeline.upstream(paper, "evaluate") and "select" not in pipeline.upstream(
+        paper, "evaluate"
+    )
+    default = Context(load_config(["configs/mtop.yaml"], ["models.dtype=fp32"]))
+    assert (
+        default.round == 2
+        and default.cfg.train.loss == "distill"
+        and default.cfg.train.similarity == "cosine"
+    )
+    want = _committed_fp("mtop-curve-round1", "epr@2000-distill.json")
+    assert want == _committed_fp("mtop-curve-locked", "epr@2000-distill.json")
+    assert pipeline.stage_fingerprint(default.prev_round(), "encoder") == want
+    assert {"rounds", "select"} <= set(pipeline.upstream(default, "evaluate"))
