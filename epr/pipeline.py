@@ -92,13 +92,24 @@ def _candidates_keys(ctx: Context) -> dict:
     keys = {"candidates": sec, "query_order": "nested-permutation"}
     miner, _ = candidates.round_miner(ctx)
     if miner in ("retriever", "mixed"):  # which encoder mined, and the round; not where its run folder lives
-        keys["mined_by"] = candidates.mined_by(ctx)
+        keys["mined_by"] = _mined_by(ctx)
     if miner == "mixed":
         keys["miner"] = miner
     c, sel = ctx.cfg.candidates, ctx.cfg.select
     if sel.size > 0 and c.num_queries is None:  # the select slice is left out of the labelled set
         keys["held_out"] = {"size": sel.size, "seed": sel.seed}
     return keys
+
+
+def _mined_by(ctx: Context) -> dict:
+    """What re-mined candidates come from: the mining encoder's stage fingerprint and this round's number. An
+    in-run round's encoder fingerprint is computed (so ``epr status`` knows round r + 1 before round r has trained,
+    and round r + 1 goes stale whenever anything round r depends on changes); an outside ``mine_run``'s is read
+    from its manifest (``None`` while untrained: the stage then refuses to run)."""
+    prev = ctx.prev_round()
+    if prev is None:
+        return candidates.miner_identity(ctx.cfg)
+    return {"encoder": stage_fingerprint(prev, "encoder"), "round": candidates.round_number(ctx)}
 
 
 def _candidates_deps(ctx: Context) -> tuple[str, ...]:

@@ -92,6 +92,7 @@ def test_every_field_has_help():
 COMPANIONS = {
     ("candidates.miner", "retriever"): ["candidates.mine_run=runs/round1"],
     ("candidates.miner", "mixed"): ["candidates.mine_run=runs/round1"],
+    ("labels.source", "bm25"): ["candidates.rounds=1"],
 }  # a choice's required partner
 
 

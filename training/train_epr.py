@@ -1,8 +1,10 @@
 """Train the EPR dual encoder: the ``encoder`` stage of a run, for ``accelerate launch`` / ``torchrun``.
 
-The training itself is ``epr.encoder.train``; this script runs the stage (``epr.pipeline.run_stage``), so it writes
-the same ``runs/<name>/encoder/`` folder and manifest as ``epr run``. The upstream stages must be fresh
-(``epr run -c <config> --until labels``)::
+The training itself is ``epr.encoder.train``; this script runs the stage through the pipeline
+(``epr.pipeline.run(..., until="encoder")``), so it writes the same ``runs/<name>/encoder/`` folder and manifest as
+``epr run``. Stale stages before it run first, in every process: with ``candidates.rounds`` > 1 (the default: 2)
+that is each earlier round (its candidates, LM scores, labels and encoder, under ``runs/<name>/rounds/``) and then
+the last round's candidates, scores and labels (``epr run -c <config> --until labels`` first does the same)::
 
     accelerate launch training/train_epr.py -c configs/mtop.yaml
     accelerate launch --num_processes 2 training/train_epr.py -c configs/mtop.yaml --set train.batch_size=64
@@ -48,7 +50,8 @@ def main(argv: list[str] | None = None) -> int:
         if ctx.dist.is_main:
             shutil.rmtree(ctx.stage_dir("encoder") / "checkpoints", ignore_errors=True)
         ctx.dist.barrier()
-    if not pipeline.run_stage(ctx, "encoder", force=a.force or a.fresh) and ctx.dist.is_main:
+    ran = pipeline.run(ctx, until="encoder", force=("encoder",) if a.force or a.fresh else ())
+    if "encoder" not in ran and ctx.dist.is_main:
         print(f"{ctx.stage_dir('encoder')} is fresh: nothing to do (--force retrains)")
     return 0
 

@@ -165,6 +165,7 @@ def test_a_dying_server_gives_a_clear_error_and_the_run_resumes(server, lm32, tm
         f"run_root={tmp_path}",
         "candidates.num_queries=8",
         "candidates.L=4",
+        "candidates.rounds=1",  # one round: this test counts the scoring chunks of one stage
         "scoring.chunk_size=2",
         "server.max_retries=1",
         "server.backoff_s=0.05",
