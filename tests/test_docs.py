@@ -39,7 +39,7 @@ RUN_ELSEWHERE = {
         "test_langchain.py",
         "test_readme_snippet_runs",
     ),
-    ("README.md", "# dspy"): ("test_dspy.py", "test_readme_dspy_snippet_runs"),
+    ("docs/serving.md", "# dspy"): ("test_dspy.py", "test_readme_dspy_snippet_runs"),
     ("docs/serving.md", "# configs/served.yaml"): (
         "test_served_llamacpp.py",
         "test_a_dying_server_gives_a_clear_error_and_the_run_resumes",

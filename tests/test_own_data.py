@@ -40,6 +40,8 @@ def own_config(tmp_path, minilm_dir, *extra: str):
         "data.output_field=answer",
         "data.eval_size=4",
         "labels.source=bm25",
+        "candidates.rounds=1",  # BM25 labels: one round, and no LM to select with
+        "select.size=0",
         "candidates.L=6",
         "labels.k_pos=2",
         "labels.k_neg=2",
