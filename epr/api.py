@@ -228,9 +228,9 @@ class PromptRetriever:
         if self._count is None:
             from transformers import AutoTokenizer
 
-            from epr.lm.models import resolve_lm
+            from epr.lm.models import quiet_length_warning, resolve_lm
 
-            tok = AutoTokenizer.from_pretrained(resolve_lm(self.budget.tokenizer))
+            tok = quiet_length_warning(AutoTokenizer.from_pretrained(resolve_lm(self.budget.tokenizer)))
             self._count = lambda s: len(tok(s, add_special_tokens=False)["input_ids"])
         return self._count(text)
 

@@ -307,6 +307,7 @@ def load(path: str | Path, revision: str | None = None, token: str | None = None
 
     from epr.config import DataConfig, config_from_dict
     from epr.encoder.model import DualEncoder
+    from epr.lm.models import quiet_length_warning
     from epr.retrieval.index import load_index
     from epr.tasks import get_task
 
@@ -329,7 +330,7 @@ def load(path: str | Path, revision: str | None = None, token: str | None = None
     if index.ntotal != len(pool):
         raise InputError(f"{path}: index.faiss holds {index.ntotal} vectors for {len(pool)} pool rows")
     b = meta["budget"]
-    tok = AutoTokenizer.from_pretrained(str(path / "tokenizer"))
+    tok = quiet_length_warning(AutoTokenizer.from_pretrained(str(path / "tokenizer")))  # the API warns itself
     budget = {k: b[k] for k in ("prompt_budget", "answer_reserve", "max_demos", "k")} | {
         "tokenizer": str(path / "tokenizer")
     }
