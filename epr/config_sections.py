@@ -249,6 +249,7 @@ class RetrieveConfig:
         ("random", "bm25", "sbert", "epr", "bm25-oracle"),
         f"compared retrievers: {' | '.join(RETRIEVERS)}; a dense one ({', '.join(DENSE)}) may add RAGSys "
         "re-ranking as +div or +div+bias",
+        free="names checked at load: a known first stage each, +div / +div+bias only after a dense one",
     )
     k: int = opt(50, "retrieved before fitting into the prompt budget", ge=1)
     oracle_candidates: int | None = opt(
