@@ -318,7 +318,7 @@ _BOMS = (
 def _bad_utf8(path: Path, opener, e: UnicodeDecodeError):
     # the encoding a byte-order mark names, with the hint that converts it (Windows tools save "Unicode" as UTF-16)
     with opener(path, "rb") as raw:
-        head = raw.read(4)
+        head = raw.read(4096)
     for bom, name, iconv in _BOMS:
         if head.startswith(bom):
             raise InputError(
@@ -332,10 +332,17 @@ def _bad_utf8(path: Path, opener, e: UnicodeDecodeError):
             try:
                 b.decode("utf-8")
             except UnicodeDecodeError as bad:
+                hint = (
+                    nul_hint(
+                        "\x00"
+                    )  # text in UTF-16 / UTF-32 without a byte-order mark: every other byte NUL
+                    if head.count(0) > len(head) // 8
+                    else "; the file must be UTF-8 (re-save it as UTF-8, e.g. `iconv -f cp1252 -t utf-8 in.csv > "
+                    "out.csv`)"
+                )
                 raise InputError(
                     f"{path}:{lineno}: not UTF-8: byte 0x{b[bad.start]:02x} at column {bad.start + 1}"
-                    f" (byte offset {offset + bad.start}); the file must be UTF-8 (re-save it as"
-                    " UTF-8, e.g. `iconv -f cp1252 -t utf-8 in.csv > out.csv`)"
+                    f" (byte offset {offset + bad.start}){hint}"
                 ) from None
             offset += len(b)
     raise InputError(f"{path}: not UTF-8 ({e}); the file must be UTF-8") from None
