@@ -88,6 +88,13 @@ def _check_query(query, k) -> tuple[str, int]:
         raise TypeError(f"query must be a str, got {type(query).__name__} ({query!r:.60})")
     if not query.strip():
         raise ValueError("query is empty (or only whitespace); pass the text to find demonstrations for")
+    try:
+        query.encode("utf-8")
+    except UnicodeEncodeError as e:  # a tokenizer would fail on it with a TypeError that names nothing
+        raise ValueError(
+            f"query holds {query[e.start]!r} at character {e.start + 1}, a lone surrogate (an escape such as \\ud800 "
+            "without its pair); it is not text a tokenizer can read: fix the string"
+        ) from None
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
         raise TypeError(f"k must be an int >= 1, got {type(k).__name__} ({k!r:.60})")
     if k < 1:

@@ -204,26 +204,35 @@ def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 
 
 def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
-    path = path.resolve()
-    if path in seen:
-        raise ConfigError(f"config {path}: inherit cycle")
-    if not path.is_file():
-        what = "a folder" if path.is_dir() else "no such file"
-        raise ConfigError(f"config {path}: {what}; pass a YAML file with -c (for example configs/demo.yaml)")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except yaml.YAMLError as e:
+        path = path.resolve()
+        if path in seen:
+            raise ConfigError(f"config {path}: inherit cycle")
+        if not path.is_file():
+            what = "a folder" if path.is_dir() else "no such file"
+            raise ConfigError(
+                f"config {path}: {what}; pass a YAML file with -c (for example configs/demo.yaml)"
+            )
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"config {path}: not UTF-8 (byte offset {e.start}); re-save it as UTF-8") from None
+    except OSError as e:  # a name too long, a folder that cannot be read: the file's own problem, named
+        raise ConfigError(f"config {str(path)[:300]}: {e.strerror or e}; pass a readable YAML file") from None
+    try:
+        data = yaml.safe_load(text) or {}
+    except (yaml.YAMLError, RecursionError) as e:  # RecursionError: brackets nested a thousand deep
         mark = getattr(e, "problem_mark", None)
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
         raise ConfigError(
             f"config {where}: not valid YAML ({problem}); fix the file (a `key: value` mapping)"
         ) from None
-    except UnicodeDecodeError as e:
-        raise ConfigError(f"config {path}: not UTF-8 (byte offset {e.start}); re-save it as UTF-8") from None
     if not isinstance(data, dict):
         raise ConfigError(f"config {path}: top level must be a mapping")
     parent = data.pop("inherit", None)
+    problem = path_problem(parent, "path")
+    if problem:
+        raise ConfigError(f"config {path}: inherit: {parent!r}: {problem}; expected the path of a YAML file")
     if parent:
         data = _deep_merge(_read_yaml(path.parent / parent, (*seen, path)), data)
     return data
@@ -251,7 +260,7 @@ def load_config(paths: Sequence[str | Path] = (), overrides: Sequence[str] = ())
                 )
         try:
             node[parts[-1]] = yaml.safe_load(raw)
-        except yaml.YAMLError as e:
+        except (yaml.YAMLError, RecursionError) as e:
             problem = getattr(e, "problem", None) or str(e).splitlines()[0]
             raise ConfigError(
                 f"override --set {item!r}: the value {raw!r} is not valid YAML ({problem}); "

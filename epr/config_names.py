@@ -7,6 +7,7 @@ nor ragsys.
 
 from __future__ import annotations
 
+import os
 from dataclasses import field
 from typing import Any, NamedTuple
 
@@ -63,8 +64,8 @@ TQA_LEARNED_VARIANTS = ("epr", "epr+div")
 
 # The kinds of path a field may hold (``opt(..., path=...)``): what each allows, checked at load
 PATH_KINDS = {
-    "path": "a file or folder path: not empty, no NUL byte",
-    "run-name": "a relative path under run_root: not empty, no NUL byte, no '.' or '..' part, not absolute",
+    "path": "a file or folder path: not empty, no NUL byte or line break",
+    "run-name": "a relative path under run_root: a path's rules, and no '.' or '..' part, not absolute",
 }
 
 
@@ -138,8 +139,12 @@ def path_problem(value: Any, kind: str) -> str | None:
         return f"expected a path (text), got {type(value).__name__}"
     if not value.strip():
         return "an empty path (write null for none)"
-    if "\x00" in value:
-        return "holds a NUL byte"
+    if any(c in value for c in "\x00\n\r"):
+        return "holds a NUL byte or a line break"
+    try:
+        os.fsencode(value)
+    except UnicodeEncodeError as e:
+        return f"holds {value[e.start]!r}, which no file name can hold (a lone surrogate)"
     if kind == "run-name":
         parts = value.replace("\\", "/").split("/")
         if value.startswith("/") or any(p in ("", ".", "..") for p in parts):
