@@ -72,6 +72,8 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
             raise ConfigError(f"config {where}: expected a mapping, got {value!r}")
         return config_from_dict(tp, value, where)
     if origin is tuple:
+        if value is None:
+            raise ConfigError(f"config {where}: may not be null; write [] for an empty list")
         if isinstance(value, str):
             value = [v.strip() for v in value.split(",") if v.strip()]
         elif not isinstance(value, (list, tuple)):
@@ -143,6 +145,8 @@ def _check_text(tp: Any, value: Any, key: str) -> None:
     else:
         values = (value,) if tp is str or str(tp) in ("str", "str | None", "typing.Optional[str]") else ()
     for v in values:
+        if v is None and isinstance(value, tuple):
+            raise ConfigError(f"config {key}: an element is null; a list of names holds texts")
         if v is not None and not isinstance(v, str):
             each = "an element " if isinstance(value, tuple) else ""
             raise ConfigError(

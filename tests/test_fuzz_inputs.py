@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from epr.cli import explain
@@ -227,6 +227,9 @@ def check_config(paths, overrides) -> None:
 
 @CI
 @given(st.lists(override, max_size=4))
+@example(["retrieve.retrievers=null"])  # what the fuzzer found: an AttributeError
+@example(["retrieve.retrievers=[bm25, null]"])
+@example(["data.task=" + "[" * 1200])  # RecursionError in the YAML parser
 def test_fuzzed_overrides(items):
     check_config([], items)
 
@@ -271,6 +274,11 @@ def check_config_file(text_or_bytes) -> None:
 
 @CI
 @given(st.one_of(config_text, st.binary(max_size=64)))
+@example('inherit: "\\uD800"\n')  # what the fuzzer found: UnicodeEncodeError, ValueError, OSError, TypeError
+@example('inherit: "\\0"\n')
+@example("inherit: '\n\n  '\n")
+@example("inherit: " + "x" * 5000 + "\n")
+@example("inherit: 5\n")
 def test_fuzzed_yaml_configs(text_or_bytes):
     check_config_file(text_or_bytes)
 
@@ -321,6 +329,7 @@ def check_retrieve(r, q, k) -> None:
 
 @CI
 @given(query, k_arg)
+@example("reset my \ud800 email", 3)  # the tokenizer's nameless TypeError, before the check
 def test_fuzzed_retrieve_arguments(retriever, q, k):
     check_retrieve(retriever, q, k)
 
