@@ -108,11 +108,17 @@ def run_lock(
     ``command`` the holder in the side file (default: this process's command line). ``dist``: the run's
     :class:`epr.context.Dist`; only its main process takes the lock and the others follow its outcome."""
     folder = Path(folder)
-    if command is None:
-        command = ["epr", *sys.argv[1:]]
+    if command is None:  # this process's command line: `epr ...`, `train_epr.py ...`, `learning_curve.py ...`
+        name = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "python"
+        command = ["epr" if name in ("cli.py", "__main__.py") else name, *sys.argv[1:]]
     command = command if isinstance(command, str) else " ".join(command)
     main = dist is None or getattr(dist, "is_main", True)
-    got = _acquire(folder, what, command) if main else None
+    try:
+        got = _acquire(folder, what, command) if main else None
+    except OSError as e:  # a folder that cannot be written: said to every process, not left at a collective
+        got = (
+            f"{folder}: the run's lock cannot be taken ({e.strerror or e}); check that the folder is writable"
+        )
     message = _agree(dist, got if isinstance(got, str) else None)
     if message is not None:
         raise RunLocked(message)
