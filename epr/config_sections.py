@@ -360,8 +360,7 @@ class ExperimentConfig:
     seed: int = opt(
         0,
         "seed of the random retriever and of the retrieve.eval_limit / truthfulqa.limit subsets",
-        ge=0,
-        le=2**32 - 1,
+        **SEED,
     )
     data: DataConfig = section_field(DataConfig)
     models: ModelsConfig = section_field(ModelsConfig)
