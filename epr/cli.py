@@ -267,9 +267,8 @@ def _main(argv: list[str]) -> int:
 
         return truthfulqa_cli.run(args)
     ctx = context_from_args(args)
-    if (
-        args.cmd == "export"
-    ):  # refused before the lock and before anything is loaded: a wrong OUT costs nothing
+    if args.cmd == "export":
+        # refused before the lock and before anything is loaded: a wrong OUT costs nothing and changes nothing
         from epr.shipping import check_destination
 
         cfg = ctx.cfg
@@ -293,9 +292,8 @@ def writer_lock(ctx, args: argparse.Namespace, argv: list[str]):
         root = Path(ctx.cfg.run_root) / ".cache" / "scores"
         return run_lock(root, "the run root's score stores", command)
     if args.cmd == "export" and not ctx.cfg.run_dir.is_dir():
-        return (
-            contextlib.nullcontext()
-        )  # no run to read: the export refuses with its own message, creating nothing
+        # no run to read: the export refuses with its own message, and no run folder is made by asking
+        return contextlib.nullcontext()
     return run_lock(ctx.cfg.run_dir, "this run", command, ctx.dist)
 
 
