@@ -290,7 +290,7 @@ def writer_lock(ctx, args: argparse.Namespace, argv: list[str]):
         return contextlib.nullcontext()
     if args.cmd == "cache":
         root = Path(ctx.cfg.run_root) / ".cache" / "scores"
-        return run_lock(root, "the run root's score stores", command)
+        return run_lock(root, "the run root's score stores", command, ctx.dist)
     if args.cmd == "export" and not ctx.cfg.run_dir.is_dir():
         # no run to read: the export refuses with its own message, and no run folder is made by asking
         return contextlib.nullcontext()
