@@ -31,7 +31,7 @@ from epr.config import DataConfig, RagsysConfig, RetrieveConfig, config_from_dic
 from epr.encoder.model import DualEncoder
 from epr.retrieval.index import build_index, load_index, save_index, search
 from epr.retrieval.modes import LazyBM25, check_mode, rank
-from epr.retrieval.prompt_budget import build_prompt
+from epr.retrieval.prompt_budget import Budget, build_prompt
 from epr.tasks import get_task
 from epr.types import Example, UpstreamError
 
@@ -46,17 +46,6 @@ class RetrievalResult:
     scores: list[float]  # best first: inner products (epr), BM25 scores (bm25), fused RRF scores (hybrid)
     prompt: str  # [e_j; ...; e_1; query]: the demonstrations that fit the budget, best right before the query
     prompt_demos: int = 0  # how many of ``demos`` (the best ones) the prompt holds
-
-
-@dataclass(frozen=True)
-class Budget:
-    """The prompt rules of a run: tokens of the inference LM, room for the answer, most demonstrations."""
-
-    prompt_budget: int
-    answer_reserve: int
-    max_demos: int
-    tokenizer: str  # the inference LM whose tokens are counted
-    k: int = RetrieveConfig().k  # ids retrieved before fitting (the run's retrieve.k)
 
 
 @dataclass(frozen=True)
@@ -94,6 +83,13 @@ def _check_query(query, k) -> tuple[str, int]:
         raise TypeError(f"query must be a str, got {type(query).__name__} ({query!r:.60})")
     if not query.strip():
         raise ValueError("query is empty (or only whitespace); pass the text to find demonstrations for")
+    try:
+        query.encode("utf-8")
+    except UnicodeEncodeError as e:  # a tokenizer would fail on it with a TypeError that names nothing
+        raise ValueError(
+            f"query holds {query[e.start]!r} at character {e.start + 1}, a lone surrogate (an escape such as \\ud800 "
+            "without its pair); it is not text a tokenizer can read: fix the string"
+        ) from None
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
         raise TypeError(f"k must be an int >= 1, got {type(k).__name__} ({k!r:.60})")
     if k < 1:
@@ -293,9 +289,9 @@ class PromptRetriever:
         if self._count is None:
             from transformers import AutoTokenizer
 
-            from epr.lm.models import resolve_lm
+            from epr.lm.models import quiet_length_warning, resolve_lm
 
-            tok = AutoTokenizer.from_pretrained(resolve_lm(self.budget.tokenizer))
+            tok = quiet_length_warning(AutoTokenizer.from_pretrained(resolve_lm(self.budget.tokenizer)))
             self._count = lambda s: len(tok(s, add_special_tokens=False)["input_ids"])
         return self._count(text)
 

@@ -29,6 +29,7 @@ __all__ = [
     "read_jsonl",
     "read_jsonl_lines",
     "open_text",
+    "nul_hint",
     "write_jsonl",
     "save_npy",
     "load_npy",
@@ -251,7 +252,9 @@ def read_jsonl_lines(
             try:
                 row = loads(line, f"{path}:{lineno}")
             except json.JSONDecodeError as e:
-                raise InputError(f"{path}:{lineno}: malformed JSON ({e.msg} at column {e.colno})") from None
+                raise InputError(
+                    f"{path}:{lineno}: malformed JSON ({e.msg} at column {e.colno}){nul_hint(line)}"
+                ) from None
             where = f"{path}:{lineno}"
             yield where, check(row, where)
 
@@ -293,7 +296,35 @@ def open_text(path: Path, newline: str | None = None):
     return contextlib.closing(lines())
 
 
+def nul_hint(text: str) -> str:
+    """A hint for text holding NUL characters: what UTF-16 / UTF-32 without a byte-order mark reads as in UTF-8."""
+    if "\x00" not in text:
+        return ""
+    return (
+        "; the text holds NUL bytes, as UTF-16 or UTF-32 without a byte-order mark does: re-save the file as UTF-8 "
+        "(e.g. `iconv -f UTF-16 -t UTF-8 in.csv > out.csv`)"
+    )
+
+
+# byte-order marks of the encodings a UTF-8 reader cannot read, longest first (UTF-32 LE starts like UTF-16 LE)
+_BOMS = (
+    (b"\xff\xfe\x00\x00", "UTF-32 (little-endian)", "UTF-32"),
+    (b"\x00\x00\xfe\xff", "UTF-32 (big-endian)", "UTF-32"),
+    (b"\xff\xfe", "UTF-16 (little-endian)", "UTF-16"),
+    (b"\xfe\xff", "UTF-16 (big-endian)", "UTF-16"),
+)
+
+
 def _bad_utf8(path: Path, opener, e: UnicodeDecodeError):
+    # the encoding a byte-order mark names, with the hint that converts it (Windows tools save "Unicode" as UTF-16)
+    with opener(path, "rb") as raw:
+        head = raw.read(4096)
+    for bom, name, iconv in _BOMS:
+        if head.startswith(bom):
+            raise InputError(
+                f"{path}: {name} text (its first bytes are the {name} byte-order mark), not UTF-8; the file must be "
+                f"UTF-8: re-save it as UTF-8, e.g. `iconv -f {iconv} -t UTF-8 in.csv > out.csv`"
+            ) from None
     # the text layer decodes in chunks: find the first bad byte again, line by line, in bytes
     offset = 0
     with opener(path, "rb") as raw:
@@ -301,10 +332,17 @@ def _bad_utf8(path: Path, opener, e: UnicodeDecodeError):
             try:
                 b.decode("utf-8")
             except UnicodeDecodeError as bad:
+                hint = (
+                    nul_hint(
+                        "\x00"
+                    )  # text in UTF-16 / UTF-32 without a byte-order mark: every other byte NUL
+                    if head.count(0) > len(head) // 8
+                    else "; the file must be UTF-8 (re-save it as UTF-8, e.g. `iconv -f cp1252 -t utf-8 in.csv > "
+                    "out.csv`)"
+                )
                 raise InputError(
                     f"{path}:{lineno}: not UTF-8: byte 0x{b[bad.start]:02x} at column {bad.start + 1}"
-                    f" (byte offset {offset + bad.start}); the file must be UTF-8 (re-save it as"
-                    " UTF-8, e.g. `iconv -f cp1252 -t utf-8 in.csv > out.csv`)"
+                    f" (byte offset {offset + bad.start}){hint}"
                 ) from None
             offset += len(b)
     raise InputError(f"{path}: not UTF-8 ({e}); the file must be UTF-8") from None

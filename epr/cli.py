@@ -66,7 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument(
         "--overwrite",
         action="store_true",
-        help="replace a non-empty OUT (never the run folder, its parents, the current or the home folder)",
+        help="replace a non-empty OUT (never inside the run folder or the run root, nor a folder above the run, "
+        "the current or the home folder)",
     )
     e.add_argument(
         "--mode",
@@ -286,13 +287,44 @@ def _main(argv: list[str]) -> int:
     )
     if args.cmd == "config":
         return print_config(args)
-    from epr import pipeline
-
     if args.cmd == "truthfulqa":
         from epr.truthfulqa import cli as truthfulqa_cli
 
         return truthfulqa_cli.run(args)
     ctx = context_from_args(args)
+    if args.cmd == "export":
+        # refused before the lock and before anything is loaded: a wrong OUT costs nothing and changes nothing
+        from epr.shipping import check_destination
+
+        cfg = ctx.cfg
+        check_destination(args.out, overwrite=args.overwrite, protect=[cfg.run_dir], roots=[cfg.run_root])
+    with writer_lock(ctx, args, argv):
+        return _dispatch(ctx, args)
+
+
+def writer_lock(ctx, args: argparse.Namespace, argv: list[str]):
+    """The lock of what ``args.cmd`` writes (``epr.run_lock``): the run folder for ``run``, ``demo``, the stage
+    commands and ``export`` (it reads the trained encoder: never while a run rewrites it), the run root's score
+    stores for ``cache import``; none for the readers (``status``, ``inspect``, ``cache export``)."""
+    import contextlib
+
+    from epr.run_lock import run_lock
+
+    command = ["epr", *argv]
+    if args.cmd in ("status", "inspect") or (args.cmd == "cache" and args.action == "export"):
+        return contextlib.nullcontext()
+    if args.cmd == "cache":
+        root = Path(ctx.cfg.run_root) / ".cache" / "scores"
+        return run_lock(root, "the run root's score stores", command, ctx.dist)
+    if args.cmd == "export" and not ctx.cfg.run_dir.is_dir():
+        # no run to read: the export refuses with its own message, and no run folder is made by asking
+        return contextlib.nullcontext()
+    return run_lock(ctx.cfg.run_dir, "this run", command, ctx.dist)
+
+
+def _dispatch(ctx, args: argparse.Namespace) -> int:
+    from epr import pipeline
+
     if args.cmd == "status":
         for label, state, path in pipeline.status_rows(
             ctx, pipeline.final_stage(ctx)
@@ -306,10 +338,7 @@ def _main(argv: list[str]) -> int:
         return run_demo(ctx)
     if args.cmd == "export":
         from epr.api import PromptRetriever
-        from epr.shipping import check_destination
 
-        # refused before anything is loaded: a wrong OUT costs nothing and deletes nothing
-        check_destination(args.out, overwrite=args.overwrite, protect=[ctx.cfg.run_dir])
         r = PromptRetriever.from_run(ctx.cfg.run_dir, mode=args.mode)
         out = r.save_pretrained(args.out, run=ctx.cfg.run_dir, overwrite=args.overwrite)
         sys.stdout.write(f"wrote {out} (PromptRetriever.from_pretrained({str(out)!r}))\n")

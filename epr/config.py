@@ -18,6 +18,7 @@ from typing import Any, get_type_hints
 
 import yaml
 
+from epr.config_names import out_of_range, path_problem, range_text
 from epr.config_sections import (
     DENSE,
     RETRIEVERS,
@@ -35,8 +36,6 @@ from epr.config_sections import (
     TrainConfig,
     TruthfulQAConfig,
     parse_retriever_name,
-    train_loss_weight,
-    train_temperature,
 )
 from epr.types import ConfigError
 
@@ -57,12 +56,27 @@ __all__ = [
     "load_config",
     "config_from_dict",
     "check_choices",
+    "check_range",
     "dump_config",
     "train_temperature",
     "train_loss_weight",
     "RETRIEVERS",
     "DENSE",
 ]
+
+
+def train_temperature(tc: TrainConfig) -> float:
+    """The similarity temperature in force: the configured one, or 1 (dot) / 0.05 (cosine)."""
+    if tc.temperature is not None:
+        return tc.temperature
+    return 1.0 if tc.similarity == "dot" else 0.05
+
+
+def train_loss_weight(tc: TrainConfig) -> float:
+    """Weight of the in-batch contrastive term of the listwise / distill losses (UDR: 1, LLM-R: 0.2)."""
+    if tc.loss_weight is not None:
+        return tc.loss_weight
+    return 0.2 if tc.loss == "distill" else 1.0
 
 
 def _coerce(value: Any, tp: Any, where: str) -> Any:
@@ -72,6 +86,8 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
             raise ConfigError(f"config {where}: expected a mapping, got {value!r}")
         return config_from_dict(tp, value, where)
     if origin is tuple:
+        if value is None:
+            raise ConfigError(f"config {where}: may not be null; write [] for an empty list")
         if isinstance(value, str):
             value = [v.strip() for v in value.split(",") if v.strip()]
         elif not isinstance(value, (list, tuple)):
@@ -135,9 +151,51 @@ def check_choices(f: dataclasses.Field, value: Any, key: str) -> None:
             )
 
 
+def _check_text(tp: Any, value: Any, key: str) -> None:
+    """A text field (or each element of a tuple of texts) holds text, not what YAML made of an unquoted ``2024``
+    (a number), ``[a]`` (a list) or ``yes`` (a bool)."""
+    if getattr(tp, "__origin__", None) is tuple:
+        values = value if getattr(tp, "__args__", (None,))[0] is str else ()
+    else:
+        values = (value,) if tp is str or str(tp) in ("str", "str | None", "typing.Optional[str]") else ()
+    for v in values:
+        if v is None and isinstance(value, tuple):
+            raise ConfigError(f"config {key}: an element is null; a list of names holds texts")
+        if v is not None and not isinstance(v, str):
+            each = "an element " if isinstance(value, tuple) else ""
+            raise ConfigError(
+                f"config {key}: {each}{v!r} is a {type(v).__name__}, not a text; quote it in YAML ('{v}')"
+            )
+
+
+def check_range(f: dataclasses.Field, value: Any, key: str) -> None:
+    """Raise ``ConfigError`` naming ``key`` if ``value`` (each element, for a tuple) is outside ``f``'s declared
+    range (``opt(..., ge=, gt=, le=)``) or is not a path of its kind (``opt(..., path=)``)."""
+    bounds, kind = f.metadata.get("range"), f.metadata.get("path")
+    if kind is not None:
+        problem = path_problem(value, kind)
+        if problem:
+            raise ConfigError(f"config {key}={value!r}: {problem}")
+    if not bounds:
+        return
+    for v in value if isinstance(value, tuple) else (value,):
+        x = v
+        if isinstance(v, str):  # a tuple's elements from --set a=0.5,0.7 are text
+            try:
+                x = float(v)
+            except ValueError:
+                x = None
+        if v is not None and (isinstance(v, bool) or not isinstance(x, (int, float))):
+            raise ConfigError(f"config {key}: {v!r} is not a number (must be {range_text(bounds)})")
+        if out_of_range(x, bounds):
+            shown = f"{key}={v!r}" if not isinstance(value, tuple) else f"{key}: an element {v!r}"
+            help = f.metadata.get("help", "")
+            raise ConfigError(f"config {shown} must be {range_text(bounds)}" + (f" ({help})" if help else ""))
+
+
 def config_from_dict(cls: type, data: dict[str, Any], where: str = "") -> Any:
-    """Build dataclass ``cls`` from ``data``; unknown keys, wrong types and values outside a field's choices raise
-    ``ConfigError`` naming the key."""
+    """Build dataclass ``cls`` from ``data``; unknown keys, wrong types and values outside a field's choices or
+    range raise ``ConfigError`` naming the key."""
     hints = get_type_hints(cls)
     by_name = {f.name: f for f in fields(cls)}
     unknown = sorted(set(data) - set(by_name), key=str)
@@ -151,6 +209,8 @@ def config_from_dict(cls: type, data: dict[str, Any], where: str = "") -> Any:
         key = f"{where}.{name}" if where else name
         kwargs[name] = _coerce(_unbool(by_name[name], value), hints[name], key)
         check_choices(by_name[name], kwargs[name], key)
+        _check_text(hints[name], kwargs[name], key)
+        check_range(by_name[name], kwargs[name], key)
     return cls(**kwargs)
 
 
@@ -162,26 +222,35 @@ def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 
 
 def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
-    path = path.resolve()
-    if path in seen:
-        raise ConfigError(f"config {path}: inherit cycle")
-    if not path.is_file():
-        what = "a folder" if path.is_dir() else "no such file"
-        raise ConfigError(f"config {path}: {what}; pass a YAML file with -c (for example configs/demo.yaml)")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except yaml.YAMLError as e:
+        path = path.resolve()
+        if path in seen:
+            raise ConfigError(f"config {path}: inherit cycle")
+        if not path.is_file():
+            what = "a folder" if path.is_dir() else "no such file"
+            raise ConfigError(
+                f"config {path}: {what}; pass a YAML file with -c (for example configs/demo.yaml)"
+            )
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"config {path}: not UTF-8 (byte offset {e.start}); re-save it as UTF-8") from None
+    except OSError as e:  # a name too long, a folder that cannot be read: the file's own problem, named
+        raise ConfigError(f"config {str(path)[:300]}: {e.strerror or e}; pass a readable YAML file") from None
+    try:
+        data = yaml.safe_load(text) or {}
+    except (yaml.YAMLError, RecursionError) as e:  # RecursionError: brackets nested a thousand deep
         mark = getattr(e, "problem_mark", None)
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
         raise ConfigError(
             f"config {where}: not valid YAML ({problem}); fix the file (a `key: value` mapping)"
         ) from None
-    except UnicodeDecodeError as e:
-        raise ConfigError(f"config {path}: not UTF-8 (byte offset {e.start}); re-save it as UTF-8") from None
     if not isinstance(data, dict):
         raise ConfigError(f"config {path}: top level must be a mapping")
     parent = data.pop("inherit", None)
+    problem = path_problem(parent, "path")
+    if problem:
+        raise ConfigError(f"config {path}: inherit: {parent!r}: {problem}; expected the path of a YAML file")
     if parent:
         data = _deep_merge(_read_yaml(path.parent / parent, (*seen, path)), data)
     return data
@@ -209,7 +278,7 @@ def load_config(paths: Sequence[str | Path] = (), overrides: Sequence[str] = ())
                 )
         try:
             node[parts[-1]] = yaml.safe_load(raw)
-        except yaml.YAMLError as e:
+        except (yaml.YAMLError, RecursionError) as e:
             problem = getattr(e, "problem", None) or str(e).splitlines()[0]
             raise ConfigError(
                 f"override --set {item!r}: the value {raw!r} is not valid YAML ({problem}); "
@@ -221,35 +290,12 @@ def load_config(paths: Sequence[str | Path] = (), overrides: Sequence[str] = ())
 
 
 def _validate(cfg: ExperimentConfig) -> None:
+    # each field's own range is declared with it (opt(..., ge=...)) and checked by config_from_dict; these span fields
     checks = [
-        (cfg.candidates.L >= 1, "candidates.L must be >= 1"),
-        (cfg.retrieve.k >= 1, f"retrieve.k={cfg.retrieve.k} must be >= 1 (ids retrieved per query)"),
-        (cfg.retrieve.max_demos >= 1, f"retrieve.max_demos={cfg.retrieve.max_demos} must be >= 1"),
-        (
-            cfg.retrieve.prompt_budget >= 1,
-            f"retrieve.prompt_budget={cfg.retrieve.prompt_budget} must be >= 1",
-        ),
-        (
-            cfg.retrieve.answer_reserve >= 0,
-            f"retrieve.answer_reserve={cfg.retrieve.answer_reserve} must be >= 0",
-        ),
-        (cfg.labels.k_pos >= 1 and cfg.labels.k_neg >= 1, "labels.k_pos and labels.k_neg must be >= 1"),
         (
             cfg.labels.k_pos + cfg.labels.k_neg <= cfg.candidates.L,
             f"labels.k_pos + labels.k_neg ({cfg.labels.k_pos}+{cfg.labels.k_neg}) must be <= candidates.L ({cfg.candidates.L})",
         ),
-        (cfg.scoring.batch_tokens >= 16, "scoring.batch_tokens must be >= 16"),
-        (0.0 <= cfg.ragsys.lambda_d <= 1.0, f"ragsys.lambda_d={cfg.ragsys.lambda_d} must be in [0, 1]"),
-        (0.0 <= cfg.ragsys.lambda_b <= 1.0, f"ragsys.lambda_b={cfg.ragsys.lambda_b} must be in [0, 1]"),
-        (cfg.train.batch_size >= 2, "train.batch_size must be >= 2 (in-batch negatives)"),
-        (cfg.train.chunk_size >= 0, "train.chunk_size must be >= 0"),
-        (cfg.train.list_size >= 2, "train.list_size must be >= 2"),
-        (
-            cfg.train.temperature is None or cfg.train.temperature > 0,
-            "train.temperature must be > 0 (or null: 1 for dot, 0.05 for cosine)",
-        ),
-        (cfg.train.teacher_temperature > 0, "train.teacher_temperature must be > 0"),
-        (cfg.candidates.rounds >= 1, f"candidates.rounds={cfg.candidates.rounds} must be >= 1"),
         (
             cfg.candidates.mine_run is None or cfg.candidates.miner in ("retriever", "mixed"),
             "candidates.mine_run names the run whose trained encoder mines round 1: set it with "
@@ -268,8 +314,6 @@ def _validate(cfg: ExperimentConfig) -> None:
             f"candidates.rounds=1 (re-mined candidates carry the encoder's scores); got "
             f"miner={cfg.candidates.miner}, rounds={cfg.candidates.rounds}",
         ),
-        (cfg.select.size >= 0, f"select.size={cfg.select.size} must be >= 0 (0: no selection)"),
-        (0.0 < cfg.select.alpha < 1.0, f"select.alpha={cfg.select.alpha} must be in (0, 1)"),
     ]
     for name in cfg.retrieve.retrievers:
         try:
@@ -307,7 +351,8 @@ def _yaml_value(value: Any) -> str:
 def _comment(f: dataclasses.Field) -> str:
     choices = f.metadata.get("choices")
     if not choices:
-        return f.metadata.get("help", "")
+        bounds = f.metadata.get("range")
+        return f.metadata.get("help", "") + (f" [{range_text(bounds)}]" if bounds else "")
     each = "each of" if isinstance(f.default, tuple) else "choices"
     return f"{f.metadata.get('help', '')} [{each}: {', '.join(map(str, choices))}]"
 

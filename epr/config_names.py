@@ -7,6 +7,7 @@ nor ragsys.
 
 from __future__ import annotations
 
+import os
 from dataclasses import field
 from typing import Any, NamedTuple
 
@@ -14,6 +15,10 @@ from epr.types import ConfigError
 
 __all__ = [
     "opt",
+    "PATH_KINDS",
+    "range_text",
+    "out_of_range",
+    "path_problem",
     "section_field",
     "RETRIEVERS",
     "DENSE",
@@ -57,17 +62,94 @@ TQA_VARIANTS = ("fix", "bias", "rel", "rel+bias", "rel+div", "rel+div+bias")
 TQA_LEARNED_VARIANTS = ("epr", "epr+div")
 
 
-def opt(default: Any, help: str, choices: tuple | None = None) -> Any:
-    """A config field: ``default``, its one-line ``help`` and, for a finite set of valid values, ``choices`` (for
-    a tuple field: the values each element may take). The loader rejects a value outside ``choices``."""
+# The kinds of path a field may hold (``opt(..., path=...)``): what each allows, checked at load
+PATH_KINDS = {
+    "path": "a file or folder path: not empty, no NUL byte or line break",
+    "run-name": "a relative path under run_root: a path's rules, and no '.' or '..' part, not absolute",
+}
+
+
+def opt(
+    default: Any,
+    help: str,
+    choices: tuple | None = None,
+    *,
+    ge: float | None = None,
+    gt: float | None = None,
+    le: float | None = None,
+    path: str | None = None,
+    free: str | None = None,
+) -> Any:
+    """A config field: ``default``, its one-line ``help`` and what values are valid, checked at load with the key
+    named (``epr.config.config_from_dict``): ``choices`` for a finite set (for a tuple field: the values each
+    element may take); ``ge`` / ``gt`` / ``le`` the bounds of a number (each element of a tuple; null, where the
+    type allows it, is always valid); ``path`` the kind of path (:data:`PATH_KINDS`); or ``free``: why any value
+    of the field's type is valid (or where else it is checked). ``tests/test_config_ranges.py`` fails on a number
+    or a path without a range, and on any other field (not a bool, not with choices) without one of these."""
     if isinstance(default, (list, dict, set)):
         raise TypeError("config defaults must be immutable (a tuple, not a list)")
     if choices is not None and not all(
         x in choices for x in (default if isinstance(default, tuple) else (default,))
     ):
         raise TypeError(f"default {default!r} is not among its choices {choices}")
-    meta = {"help": help} if choices is None else {"help": help, "choices": tuple(choices)}
+    meta: dict[str, Any] = {"help": help}
+    if choices is not None:
+        meta["choices"] = tuple(choices)
+    bounds = {k: v for k, v in (("ge", ge), ("gt", gt), ("le", le)) if v is not None}
+    if bounds:
+        meta["range"] = bounds
+        bad = [x for x in (default if isinstance(default, tuple) else (default,)) if out_of_range(x, bounds)]
+        if bad:
+            raise TypeError(f"default {default!r} is outside its range {range_text(bounds)}")
+    if path is not None:
+        if path not in PATH_KINDS:
+            raise TypeError(f"path kind {path!r}: one of {', '.join(PATH_KINDS)}")
+        meta["path"] = path
+    if free is not None:
+        meta["free"] = free
     return field(default=default, metadata=meta)
+
+
+def range_text(bounds: dict[str, float]) -> str:
+    """``{"ge": 1}`` -> ``">= 1"``, ``{"ge": 0, "le": 1}`` -> ``"in [0, 1]"``, ``{"gt": 0, "le": 1}`` -> ``"in (0, 1]"``."""
+
+    def num(v: float) -> str:
+        return f"{v:g}" if isinstance(v, float) else str(v)
+
+    lo = ("[", bounds["ge"]) if "ge" in bounds else ("(", bounds["gt"]) if "gt" in bounds else None
+    if lo is not None and "le" in bounds:
+        return f"in {lo[0]}{num(lo[1])}, {num(bounds['le'])}]"
+    ops = {"ge": ">=", "gt": ">", "le": "<="}
+    return " and ".join(f"{ops[k]} {num(v)}" for k, v in bounds.items())
+
+
+def out_of_range(value: Any, bounds: dict[str, float]) -> bool:
+    """Whether the number ``value`` is outside ``bounds`` (written so that NaN is always outside); None is inside."""
+    if value is None:
+        return False
+    ok = {"ge": lambda b: value >= b, "gt": lambda b: value > b, "le": lambda b: value <= b}
+    return not all(ok[k](b) for k, b in bounds.items())
+
+
+def path_problem(value: Any, kind: str) -> str | None:
+    """What is wrong with ``value`` as a path of ``kind`` (:data:`PATH_KINDS`), or None; null is always valid."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        return f"expected a path (text), got {type(value).__name__}"
+    if not value.strip():
+        return "an empty path (write null for none)"
+    if any(c in value for c in "\x00\n\r"):
+        return "holds a NUL byte or a line break"
+    try:
+        os.fsencode(value)
+    except UnicodeEncodeError as e:
+        return f"holds {value[e.start]!r}, which no file name can hold (a lone surrogate)"
+    if kind == "run-name":
+        parts = value.replace("\\", "/").split("/")
+        if value.startswith("/") or any(p in ("", ".", "..") for p in parts):
+            return "must be a relative path of names under run_root (no '.' or '..' part, no leading or doubled '/')"
+    return None
 
 
 def section_field(cls: type) -> Any:

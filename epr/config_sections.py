@@ -25,6 +25,11 @@ from epr.config_names import (  # the names a config may choose from (retrievers
 from epr.config_server import ServerConfig
 from epr.types import ConfigError
 
+SEED = {"ge": 0, "le": 2**32 - 1}  # what numpy and torch take as a seed
+# why a field takes any text (``opt(..., free=...)``): checked where it is used, with the value named
+MODEL = "a model name: resolved when loaded (a packaged name, a hub id or a folder; the error names it)"
+COLUMN = "a column name of the data file: the loader names the file's columns when it is missing"
+
 __all__ = [
     "opt",
     "section_field",
@@ -41,8 +46,6 @@ __all__ = [
     "RagsysConfig",
     "TruthfulQAConfig",
     "ServerConfig",
-    "train_temperature",
-    "train_loss_weight",
     "RETRIEVERS",
     "DENSE",
     "RetrieverName",
@@ -59,17 +62,21 @@ class DataConfig:
     task: str = opt(
         "demo",
         "task name: mtop | break | smcalflow | demo | jsonl | truthfulqa (or one added by epr.tasks.register)",
+        free="a registered task name, checked when the task is built (epr.tasks.get_task names the known ones)",
     )
     data_dir: str | None = opt(
-        None, "local data folder (e.g. ../shared/data); null: packaged demo or the hub"
+        None, "local data folder (e.g. ../shared/data); null: packaged demo or the hub", path="path"
     )
     eval_size: int = opt(
         1000,
         "for tasks without a labelled held-out split: rows moved from pool to eval (jsonl task: at most a fifth)",
+        ge=0,
     )
-    split_seed: int = opt(0, "seed of the pool/eval split and of the data.eval_limit subset")
-    pool_limit: int | None = opt(None, "keep only the first N pool rows (after splitting); null: all")
-    eval_limit: int | None = opt(None, "evaluate on a fixed random subset of N eval rows (seeded); null: all")
+    split_seed: int = opt(0, "seed of the pool/eval split and of the data.eval_limit subset", **SEED)
+    pool_limit: int | None = opt(None, "keep only the first N pool rows (after splitting); null: all", ge=1)
+    eval_limit: int | None = opt(
+        None, "evaluate on a fixed random subset of N eval rows (seeded); null: all", ge=1
+    )
     eval_part: str = opt(
         "dev",
         "dev: that subset (where every choice is made); locked: the rest of the eval split, evaluated once at "
@@ -80,11 +87,12 @@ class DataConfig:
         None,
         "where a task reads the hub (no data_dir): the dataset revision (commit, tag or branch) to load; pin it so a "
         "hub update makes the run stale instead of mixing versions; null: the newest, with a warning",
+        free="a revision name, checked by the hub when the data is loaded",
     )
-    path: str | None = opt(None, "generic task (jsonl): the {input, output} JSONL/CSV file")
-    eval_path: str | None = opt(None, "generic task (jsonl): optional separate evaluation file")
-    input_field: str = opt("input", "generic task (jsonl): the column holding the input")
-    output_field: str = opt("output", "generic task (jsonl): the column holding the output")
+    path: str | None = opt(None, "generic task (jsonl): the {input, output} JSONL/CSV file", path="path")
+    eval_path: str | None = opt(None, "generic task (jsonl): optional separate evaluation file", path="path")
+    input_field: str = opt("input", "generic task (jsonl): the column holding the input", free=COLUMN)
+    output_field: str = opt("output", "generic task (jsonl): the column holding the output", free=COLUMN)
 
     def __post_init__(self):
         if self.input_field == self.output_field:
@@ -98,12 +106,14 @@ class DataConfig:
 class ModelsConfig:
     """The scoring LM, the inference LM and the encoder, and how the LMs are loaded."""
 
-    lm: str = opt("smollm2", "scoring LM: packaged name, hub id or local directory")
-    inference_lm: str | None = opt(None, "LM that answers the prompts; null: same as lm")
+    lm: str = opt("smollm2", "scoring LM: packaged name, hub id or local directory", free=MODEL)
+    inference_lm: str | None = opt(None, "LM that answers the prompts; null: same as lm", free=MODEL)
     encoder: str = opt(
-        "minilm", "dual-encoder init and SBERT baseline: packaged name, hub id or local directory"
+        "minilm", "dual-encoder init and SBERT baseline: packaged name, hub id or local directory", free=MODEL
     )
-    cache_dir: str | None = opt(None, "where converted models live; null: ~/.cache/epr (or $EPR_CACHE)")
+    cache_dir: str | None = opt(
+        None, "where converted models live; null: ~/.cache/epr (or $EPR_CACHE)", path="path"
+    )
     dtype: str = opt(
         "auto",
         "LM arithmetic; auto: bf16 where the hardware runs it fast, else fp32",
@@ -120,11 +130,11 @@ class ModelsConfig:
 class CandidatesConfig:
     """BM25 candidates of each labelled pool example: the demonstrations the scoring LM ranks."""
 
-    L: int = opt(50, "candidates per labelled example (each scored by the LM)")
+    L: int = opt(50, "candidates per labelled example (each scored by the LM)", ge=1)
     view: str = opt("output", "the text BM25 matches over", ("output", "input", "input+output"))
     backend: str = opt("bm25s", "BM25 implementation", ("bm25s", "rank_bm25"))
-    num_queries: int | None = opt(None, "label only N pool examples (seeded subset); null: all")
-    query_seed: int = opt(0, "seed of the candidates.num_queries subset")
+    num_queries: int | None = opt(None, "label only N pool examples (seeded subset); null: all", ge=1)
+    query_seed: int = opt(0, "seed of the candidates.num_queries subset", **SEED)
     miner: str = opt(
         "bm25",
         "how re-mined rounds mine (and round 1, with candidates.mine_run): retriever (iterative re-mining, UDR / "
@@ -137,11 +147,13 @@ class CandidatesConfig:
         None,
         "miner=retriever or mixed: the run folder whose trained encoder mines round 1 (round r there; this run "
         "continues from r + 1)",
+        path="path",
     )
     rounds: int = opt(
         2,
-        "training rounds in this run (>= 1): round r + 1's candidates are mined by round r's trained encoder; "
+        "training rounds in this run: round r + 1's candidates are mined by round r's trained encoder; "
         "earlier rounds live in <run>/rounds/round-r/, the run's own stages are the last round",
+        ge=1,
     )
 
 
@@ -149,8 +161,8 @@ class CandidatesConfig:
 class ScoringConfig:
     """LM scoring of every (candidate, example) pair: the log-probability of the output after the demonstration."""
 
-    batch_tokens: int = opt(4096, "padded tokens per forward pass (>= 16)")
-    chunk_size: int = opt(32, "training examples per resumable chunk")
+    batch_tokens: int = opt(4096, "padded tokens per forward pass", ge=16)
+    chunk_size: int = opt(32, "training examples per resumable chunk", ge=1)
     forward: str = opt(
         "fast", "fast: epr.lm.fastlm (Llama-family); hf: the transformers forward", ("fast", "hf")
     )
@@ -166,8 +178,8 @@ class ScoringConfig:
 class LabelsConfig:
     """Positives and hard negatives of each labelled example, from its ranked candidates."""
 
-    k_pos: int = opt(5, "the top k_pos candidates are positives (k_pos + k_neg <= candidates.L)")
-    k_neg: int = opt(5, "the bottom k_neg candidates are hard negatives")
+    k_pos: int = opt(5, "the top k_pos candidates are positives (k_pos + k_neg <= candidates.L)", ge=1)
+    k_neg: int = opt(5, "the bottom k_neg candidates are hard negatives", ge=1)
     source: str = opt("lm", "ranking of the candidates: lm (EPR) | bm25 (DR-BM25 labels)", ("lm", "bm25"))
 
 
@@ -175,12 +187,12 @@ class LabelsConfig:
 class TrainConfig:
     """Dual-encoder training on the labels (epr/encoder/train.py, epr/encoder/losses.py)."""
 
-    epochs: int = opt(3, "passes over the labelled examples")
-    batch_size: int = opt(32, "instances per optimizer step (effective batch, per process; >= 2)")
-    chunk_size: int = opt(8, "GradCache sub-batch; 0 disables gradient caching")
-    lr: float = opt(2e-5, "AdamW learning rate (linear schedule)")
-    warmup_ratio: float = opt(0.1, "fraction of the steps spent in linear warmup")
-    weight_decay: float = opt(0.0, "AdamW weight decay")
+    epochs: int = opt(3, "passes over the labelled examples (0: the untrained encoder)", ge=0)
+    batch_size: int = opt(32, "instances per optimizer step (effective batch, per process)", ge=2)
+    chunk_size: int = opt(8, "GradCache sub-batch; 0 disables gradient caching", ge=0)
+    lr: float = opt(2e-5, "AdamW learning rate (linear schedule)", gt=0.0)
+    warmup_ratio: float = opt(0.1, "fraction of the steps spent in linear warmup", ge=0.0, le=1.0)
+    weight_decay: float = opt(0.0, "AdamW weight decay", ge=0.0)
     loss: str = opt(
         "distill",
         "epr (the paper's) | listwise (UDR) | distill (LLM-R): epr/encoder/losses.py",
@@ -191,14 +203,16 @@ class TrainConfig:
         "dot (EPR: raw inner product) | cosine (normalised embeddings / temperature)",
         ("dot", "cosine"),
     )
-    temperature: float | None = opt(None, "divides the similarity (> 0); null: 1 for dot, 0.05 for cosine")
+    temperature: float | None = opt(None, "divides the similarity; null: 1 for dot, 0.05 for cosine", gt=0.0)
     list_size: int = opt(
-        8, "listwise / distill: scored candidates per instance per step (the best + a sample)"
+        8, "listwise / distill: scored candidates per instance per step (the best + a sample)", ge=2
     )
     loss_weight: float | None = opt(
-        None, "weight of the in-batch contrastive term; null: 1 listwise, 0.2 distill"
+        None, "weight of the in-batch contrastive term; null: 1 listwise, 0.2 distill", ge=0.0
     )
-    teacher_temperature: float = opt(1.0, "distill: softmax(LM score / this) is the target distribution")
+    teacher_temperature: float = opt(
+        1.0, "distill: softmax(LM score / this) is the target distribution", gt=0.0
+    )
     best_by: str = opt(
         "mrr",
         "keep the epoch (0 = untrained) with the best dev metric (last: the last epoch)",
@@ -207,31 +221,17 @@ class TrainConfig:
     tie_encoders: bool = opt(
         False, "one encoder for queries and demonstrations (false: two, both from models.encoder)"
     )
-    max_length: int = opt(64, "encoder tokens per query / demonstration")
+    max_length: int = opt(64, "encoder tokens per query / demonstration (with its [CLS] and [SEP])", ge=2)
     demo_fields: str = opt(
         "input_output",
         "what of a demonstration the prompt tower reads: input and output (SPEC 2.4) or the input alone",
         ("input_output", "input"),
     )
-    grad_accum: int = opt(1, "gradient accumulation steps")
+    grad_accum: int = opt(1, "gradient accumulation steps", ge=1)
     mixed_precision: str = opt("no", "accelerate's mixed precision", ("no", "bf16"))
-    seed: int = opt(42, "seed of the training order, the sampled documents and the dev split")
-    dev_size: int = opt(100, "labelled instances held out for recall@k / MRR")
-    checkpoint_every: int = opt(0, "steps between checkpoints; 0: only at epoch ends")
-
-
-def train_temperature(tc: TrainConfig) -> float:
-    """The similarity temperature in force: the configured one, or 1 (dot) / 0.05 (cosine)."""
-    if tc.temperature is not None:
-        return tc.temperature
-    return 1.0 if tc.similarity == "dot" else 0.05
-
-
-def train_loss_weight(tc: TrainConfig) -> float:
-    """Weight of the in-batch contrastive term of the listwise / distill losses (UDR: 1, LLM-R: 0.2)."""
-    if tc.loss_weight is not None:
-        return tc.loss_weight
-    return 0.2 if tc.loss == "distill" else 1.0
+    seed: int = opt(42, "seed of the training order, the sampled documents and the dev split", **SEED)
+    dev_size: int = opt(100, "labelled instances held out for recall@k / MRR (0: none)", ge=0)
+    checkpoint_every: int = opt(0, "steps between checkpoints; 0: only at epoch ends", ge=0)
 
 
 @dataclass(frozen=True)
@@ -242,20 +242,26 @@ class RetrieveConfig:
         ("random", "bm25", "sbert", "epr", "hybrid", "bm25-oracle"),
         f"compared retrievers: {' | '.join(RETRIEVERS)}; a dense one ({', '.join(DENSE)}) may add RAGSys "
         "re-ranking as +div or +div+bias",
+        free="names checked at load: a known first stage each, +div / +div+bias only after a dense one",
     )
-    k: int = opt(50, "retrieved before fitting into the prompt budget")
+    k: int = opt(50, "retrieved before fitting into the prompt budget", ge=1)
     oracle_candidates: int | None = opt(
-        None, "lm-oracle: BM25-Oracle candidates the LM re-ranks; null: candidates.L"
+        None, "lm-oracle: BM25-Oracle candidates the LM re-ranks; null: candidates.L", ge=1
     )
-    index_factory: str = opt("Flat", "faiss factory string, inner product")
-    prompt_budget: int = opt(768, "inference-LM tokens for demos + query + reserved answer room")
-    answer_reserve: int = opt(96, "tokens of prompt_budget kept free for the answer")
+    index_factory: str = opt(
+        "Flat",
+        "faiss factory string, inner product",
+        free="faiss's own grammar: faiss checks it when it builds",
+    )
+    prompt_budget: int = opt(768, "inference-LM tokens for demos + query + reserved answer room", ge=1)
+    answer_reserve: int = opt(96, "tokens of prompt_budget kept free for the answer", ge=0)
     max_demos: int = opt(
-        16, "demonstrations per prompt at most (also what +div / +div+bias re-ranking selects)"
+        16, "demonstrations per prompt at most (also what +div / +div+bias re-ranking selects)", ge=1
     )
     eval_limit: int | None = opt(
         None,
         "compare on a seeded subset (seed: the top-level seed) of the eval split (the examples stage keeps all)",
+        ge=1,
     )
 
 
@@ -268,6 +274,7 @@ class SelectConfig:
         "pool examples set aside (seeded; never labelled, never their own demonstration; at most a fifth of the "
         "pool when every example is labelled) on which the retrievers' gold log-probs are compared; 0: no "
         "selection, serve epr",
+        ge=0,
     )
     retrievers: tuple[str, ...] = opt(
         ("epr", "hybrid"),
@@ -275,20 +282,23 @@ class SelectConfig:
         ("epr", "hybrid"),
     )
     alpha: float = opt(
-        0.05, "a learned retriever is served only if it beats BM25 at this Wilcoxon p (two-sided)"
+        0.05, "a learned retriever is served only if it beats BM25 at this Wilcoxon p (two-sided)", gt=0, le=1
     )
-    seed: int = opt(0, "seed of the held-out slice")
+    seed: int = opt(0, "seed of the held-out slice", **SEED)
 
 
 @dataclass(frozen=True)
 class GenerateConfig:
     """Greedy generation of the answers to the prompts."""
 
-    max_new_tokens: int = opt(96, "tokens generated per answer at most")
-    batch_size: int = opt(8, "transformers' generate (engine hf, and models the lean decoder does not cover)")
+    max_new_tokens: int = opt(96, "tokens generated per answer at most", ge=1)
+    batch_size: int = opt(
+        8, "transformers' generate (engine hf, and models the lean decoder does not cover)", ge=1
+    )
     chunk_size: int = opt(
         256,
         "prompts per resumable chunk (the lean decoder batches continuously within a chunk: fewer than ~4x decode_rows leave its steps with few rows)",
+        ge=1,
     )
     engine: str = opt(
         "auto",
@@ -297,18 +307,18 @@ class GenerateConfig:
         ("auto", "lean", "hf"),
     )
     decode_rows: int = opt(
-        64, "lean decoder: rows decoded together at most (groups of a quarter join as rows finish)"
+        64, "lean decoder: rows decoded together at most (groups of a quarter join as rows finish)", ge=1
     )
-    prefill_tokens: int = opt(8192, "lean decoder: padded prompt tokens per prefill slice")
+    prefill_tokens: int = opt(8192, "lean decoder: padded prompt tokens per prefill slice", ge=1)
 
 
 @dataclass(frozen=True)
 class RagsysConfig:
     """RAGSys re-ranking (Algorithm 1: relevance, MMR diversity, LM quality bias) of +div / +div+bias retrievers."""
 
-    k: int = opt(6, "TruthfulQA: demonstrations per question (elsewhere retrieve.max_demos)")
-    lambda_d: float = opt(0.75, "weight of relevance against diversity, in [0, 1] (1: no diversity)")
-    lambda_b: float = opt(0.95, "weight of relevance against the quality bias, in [0, 1] (1: no bias)")
+    k: int = opt(6, "TruthfulQA: demonstrations per question (elsewhere retrieve.max_demos)", ge=1)
+    lambda_d: float = opt(0.75, "weight of relevance against diversity (1: no diversity)", ge=0.0, le=1.0)
+    lambda_b: float = opt(0.95, "weight of relevance against the quality bias (1: no bias)", ge=0.0, le=1.0)
 
 
 @dataclass(frozen=True)
@@ -327,14 +337,19 @@ class TruthfulQAConfig:
     limit: int | None = opt(
         None,
         "a seeded subset (seed: the top-level seed) of the 817 questions; the pool stays whole; null: all",
+        ge=1,
     )
-    sweep: tuple[float, ...] = opt((), "lambda_d values of the calibration sweep (rel+div+bias); empty: none")
-    chunk_size: int = opt(32, "questions per resumable chunk of scores")
+    sweep: tuple[float, ...] = opt(
+        (), "lambda_d values of the calibration sweep (rel+div+bias); empty: none", ge=0.0, le=1.0
+    )
+    chunk_size: int = opt(32, "questions per resumable chunk of scores", ge=1)
     label_candidates: int = opt(
-        16, "learned variants: D_ICL pairs per question scored by the LM (the frozen relevance's top L)"
+        16, "learned variants: D_ICL pairs per question scored by the LM (the frozen relevance's top L)", ge=2
     )
     folds: int = opt(
-        5, "learned variants: question folds; fold f's retriever trains on the labels of the other folds"
+        5,
+        "learned variants: question folds; fold f's retriever trains on the labels of the other folds",
+        ge=2,
     )
 
     def __post_init__(self):
@@ -346,25 +361,21 @@ class TruthfulQAConfig:
             raise ConfigError(
                 f"config truthfulqa.sweep: {self.sweep!r}: expected numbers in [0, 1]"
             ) from None
-        if any(not 0.0 <= x <= 1.0 for x in sweep):
-            raise ConfigError(f"config truthfulqa.sweep: {list(sweep)}: lambda_d values must be in [0, 1]")
-        object.__setattr__(self, "sweep", sweep)
-        if self.limit is not None and self.limit < 1:
-            raise ConfigError(f"config truthfulqa.limit={self.limit} must be >= 1 (or null: all questions)")
-        # chunk_size; label_candidates: a positive and a negative; folds: a question's own fold never trains it
-        for name, least in (("chunk_size", 1), ("label_candidates", 2), ("folds", 2)):
-            if getattr(self, name) < least:
-                raise ConfigError(f"config truthfulqa.{name}={getattr(self, name)} must be >= {least}")
+        object.__setattr__(self, "sweep", sweep)  # the elements' range: opt(..., ge=0, le=1), checked at load
 
 
 @dataclass(frozen=True)
 class ExperimentConfig:
     """One experiment: a run folder (``<run_root>/<name>``) and one section per stage."""
 
-    name: str = opt("demo", "the run's name: its outputs go to <run_root>/<name>")
-    run_root: str = opt("runs", "folder of the runs and of the caches they share (scores, quality bias)")
+    name: str = opt("demo", "the run's name: its outputs go to <run_root>/<name>", path="run-name")
+    run_root: str = opt(
+        "runs", "folder of the runs and of the caches they share (scores, quality bias)", path="path"
+    )
     seed: int = opt(
-        0, "seed of the random retriever and of the retrieve.eval_limit / truthfulqa.limit subsets"
+        0,
+        "seed of the random retriever and of the retrieve.eval_limit / truthfulqa.limit subsets",
+        **SEED,
     )
     data: DataConfig = section_field(DataConfig)
     models: ModelsConfig = section_field(ModelsConfig)

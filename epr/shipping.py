@@ -14,7 +14,8 @@ no config and no model package:
     manifest.json       every other file's size and sha256: ``from_pretrained`` names a missing or corrupt one
 
 ``epr export OUT_DIR`` writes one from a run. It never deletes what it was not asked to: a non-empty ``OUT_DIR`` is
-refused unless ``--overwrite``, and even then the run folder, a folder above it, the current and the home folder are.
+refused unless ``--overwrite``, and even then a folder above the run, the current and the home folder are; the run
+folder, the run root and anything inside them are refused always.
 The folder is written beside ``OUT_DIR`` under a temporary name and renamed into place at the end (the old folder is
 moved aside first and removed only once the new one is in place), so a killed export leaves the previous one intact.
 """
@@ -55,41 +56,54 @@ REQUIRED = ("retriever.json", "pool.jsonl", "index.faiss", "encoder", "tokenizer
 log = logging.getLogger(__name__)
 
 
-def check_destination(out: str | Path, overwrite: bool = False, protect=()) -> None:
-    """Refuse a destination whose replacement would delete something not asked for: an existing file, a non-empty
-    folder (unless ``overwrite``), and even with ``overwrite`` a folder in ``protect`` (the run) or above it, the
-    current folder, the home folder or the filesystem root, and their parents."""
+def check_destination(out: str | Path, overwrite: bool = False, protect=(), roots=()) -> None:
+    """Refuse a destination whose writing would delete or mix into something not asked for. Always, with or
+    without ``overwrite``: a folder in ``protect`` (the run it exports from) or anything inside it (its
+    ``encoder/``, ``labels/``, ...), a folder in ``roots`` (the run root) or anything inside it (every run lives
+    there), an existing file. A non-empty folder unless ``overwrite``; and even with ``overwrite`` a folder above
+    the run, the current folder, the home folder or the filesystem root, and their parents. A refusal suggests
+    ``--overwrite`` only where it would be accepted."""
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise InputError(
             f"{out}: an existing file, not a folder; a retriever is a folder: name a new folder "
             "(nothing was written or removed)"
         )
-    if not out.exists():
-        if out.is_symlink():
+    if not out.exists() and out.is_symlink():
+        raise InputError(f"{out}: a broken symbolic link; name a new folder (nothing was written or removed)")
+    real = out.resolve()
+    runs = [(Path(p).resolve(), "the run folder it exports from") for p in protect]
+    runs += [
+        (Path(r).resolve(), "the run root, where the run folder and every other run live") for r in roots
+    ]
+    for g, what in runs:
+        if real == g or g in real.parents:
+            where = f"is {what}" if real == g else f"is inside {what} ({g})"
             raise InputError(
-                f"{out}: a broken symbolic link; name a new folder (nothing was written or removed)"
+                f"{out}: {where}; export never writes into a run or the run root, with or without --overwrite "
+                "(it would replace or mix into the run's own files): name a folder outside them "
+                "(nothing was written or removed)"
             )
+    if not out.exists():
         return
     entries = sorted(p.name for p in out.iterdir())
     if not entries:
         return
-    if not overwrite:
-        shown = ", ".join(entries[:5]) + (", ..." if len(entries) > 5 else "")
-        raise InputError(
-            f"{out}: not empty ({len(entries)} entries: {shown}); export never deletes: name a new or empty folder, "
-            "or pass --overwrite (save_pretrained(..., overwrite=True)) to replace this one"
-        )
-    real = out.resolve()
     guarded = [(Path(p).resolve(), "the run folder it exports from") for p in protect]
     guarded += [(Path.cwd().resolve(), "the current folder"), (Path.home().resolve(), "your home folder")]
     for g, what in guarded:
         if real == g or real in g.parents:
             rel = "" if real == g else f" (a folder above {g})"
             raise InputError(
-                f"{out}: is {what}{rel}; even with --overwrite export replaces only a folder of its own: "
-                "name another folder (nothing was written or removed)"
+                f"{out}: is {what}{rel}; export replaces only a folder of its own, even with --overwrite: "
+                "name a new or empty folder (nothing was written or removed)"
             )
+    if not overwrite:
+        shown = ", ".join(entries[:5]) + (", ..." if len(entries) > 5 else "")
+        raise InputError(
+            f"{out}: not empty ({len(entries)} entries: {shown}); export never deletes: name a new or empty folder, "
+            "or pass --overwrite (save_pretrained(..., overwrite=True)) to replace this one"
+        )
 
 
 def _tidy(out: Path) -> None:
@@ -312,6 +326,7 @@ def load(path: str | Path, revision: str | None = None, token: str | None = None
 
     from epr.config import DataConfig, config_from_dict
     from epr.encoder.model import DualEncoder
+    from epr.lm.models import quiet_length_warning
     from epr.retrieval.index import load_index
     from epr.retrieval.modes import BM25_BACKENDS, MODES
     from epr.tasks import get_task
@@ -341,7 +356,7 @@ def load(path: str | Path, revision: str | None = None, token: str | None = None
     if index.ntotal != len(pool):
         raise InputError(f"{path}: index.faiss holds {index.ntotal} vectors for {len(pool)} pool rows")
     b = meta["budget"]
-    tok = AutoTokenizer.from_pretrained(str(path / "tokenizer"))
+    tok = quiet_length_warning(AutoTokenizer.from_pretrained(str(path / "tokenizer")))  # the API warns itself
     budget = {k: b[k] for k in ("prompt_budget", "answer_reserve", "max_demos", "k")} | {
         "tokenizer": str(path / "tokenizer")
     }

@@ -238,6 +238,11 @@ def main(argv: list[str] | None = None) -> int:
         log.info("redrew %s from %d row files", out, len(list(rows_dir.glob("*.json"))))
         return 0
 
+    # one writer per run (epr.run_lock): every run of the curve lives under <run_root>/<name>/; held until the end
+    from epr.run_lock import run_lock
+
+    held = run_lock(Path(cfg0.run_root) / a.name, "this learning curve's runs")
+    held.__enter__()
     for f in a.import_scores:  # scores of the same computation key are served, never scored again
         from epr.lm.score_cache import import_scores
 

@@ -123,13 +123,15 @@ def shipped(tmp_path_factory, minilm_dir, tiny_lm_dir):
     from .test_own_data import own_config
 
     tmp = tmp_path_factory.mktemp("shipped")
+    runs = tmp / "runs"  # the run root; the export goes beside it (never into a run root)
+    runs.mkdir()
     ctx = Context(
-        own_config(tmp, minilm_dir, f"models.lm={tiny_lm_dir}", "retrieve.retrievers=[epr+div+bias]")
+        own_config(runs, minilm_dir, f"models.lm={tiny_lm_dir}", "retrieve.retrievers=[epr+div+bias]")
     )
     pipeline.run(ctx, until="rerank")
     from epr.cli import main  # `epr export`, as the README runs it
 
     out = tmp / "shipped"
-    assert main(["export", "--set", f"run_root={tmp}", "--set", "name=mine", str(out)]) == 0
+    assert main(["export", "--set", f"run_root={runs}", "--set", "name=mine", str(out)]) == 0
     assert "Dev metrics per epoch" in (out / "README.md").read_text()
     return out, [e.input for e in ctx.examples("eval")]

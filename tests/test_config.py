@@ -215,3 +215,10 @@ def test_bm25_ranked_labels_refuse_re_mined_candidates(miner):
     # the default two rounds re-mine round 2 with the encoder: BM25-ranked labels need one round
     with pytest.raises(ConfigError, match="labels.source=bm25 .* rounds=2"):
         load_config([], ["labels.source=bm25"])
+
+
+def test_the_api_budget_default_k_is_retrieve_k():
+    from epr.config import RetrieveConfig
+    from epr.retrieval.prompt_budget import Budget
+
+    assert Budget(1, 0, 1, "lm").k == RetrieveConfig().k

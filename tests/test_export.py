@@ -25,7 +25,7 @@ def tree(root: Path) -> dict[str, str]:
 
 
 def export(shipped_dir: Path, out: Path, *more: str) -> int:
-    run_root = shipped_dir.parent  # the fixture's run: <tmp>/mine, shipped to <tmp>/shipped
+    run_root = shipped_dir.parent / "runs"  # the fixture's run: <tmp>/runs/mine, shipped to <tmp>/shipped
     return main(["export", "--set", f"run_root={run_root}", "--set", "name=mine", str(out), *more])
 
 

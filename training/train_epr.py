@@ -44,8 +44,11 @@ def main(argv: list[str] | None = None) -> int:
     from epr import pipeline
     from epr.config import load_config
     from epr.context import Context, Dist
+    from epr.run_lock import run_lock
 
     ctx = Context(load_config(a.config, a.set), Dist.from_env())
+    lock = run_lock(ctx.cfg.run_dir, "this run", dist=ctx.dist)  # one writer per run, until the process ends
+    lock.__enter__()
     if a.fresh:
         if ctx.dist.is_main:
             shutil.rmtree(ctx.stage_dir("encoder") / "checkpoints", ignore_errors=True)

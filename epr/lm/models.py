@@ -25,6 +25,7 @@ __all__ = [
     "resolve_encoder",
     "load_lm",
     "load_tokenizer_for",
+    "quiet_length_warning",
     "load_encoder",
     "pick_dtype",
     "PACKAGED",
@@ -226,7 +227,7 @@ def load_lm(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = resolve_lm(name, cache)
-    tok = AutoTokenizer.from_pretrained(path)
+    tok = quiet_length_warning(AutoTokenizer.from_pretrained(path))
     tok.padding_side = "right"
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
@@ -244,7 +245,20 @@ def load_tokenizer_for(models, inference: bool = False):
 
     from epr.lm.identity import lm_name
 
-    return AutoTokenizer.from_pretrained(resolve_lm(lm_name(models, inference), models.cache_dir))
+    return quiet_length_warning(
+        AutoTokenizer.from_pretrained(resolve_lm(lm_name(models, inference), models.cache_dir))
+    )
+
+
+def quiet_length_warning(tok):
+    """``tok`` without transformers' "Token indices sequence length is longer than the specified maximum" warning:
+    an LM's tokenizer counts and encodes texts of any length here, and epr reports a text too long for the LM
+    itself (a score left null, a prompt with no demonstration, the API's warning), naming the query. Returns
+    ``tok``."""
+    flags = getattr(tok, "deprecation_warnings", None)
+    if isinstance(flags, dict):  # transformers warns once per tokenizer, then sets this flag
+        flags["sequence-length-is-longer-than-the-specified-maximum"] = True
+    return tok
 
 
 def load_encoder(name: str, cache: str | None = None, device: str = "cpu"):

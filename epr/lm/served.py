@@ -321,10 +321,12 @@ def server_for(sc) -> OpenAIServer:
 def _tokenizer_for(cfg, inference: bool):
     from transformers import AutoTokenizer
 
-    from epr.lm.models import load_tokenizer_for, resolve_lm
+    from epr.lm.models import load_tokenizer_for, quiet_length_warning, resolve_lm
 
     if cfg.server.tokenizer:
-        tok = AutoTokenizer.from_pretrained(resolve_lm(cfg.server.tokenizer, cfg.models.cache_dir))
+        tok = quiet_length_warning(
+            AutoTokenizer.from_pretrained(resolve_lm(cfg.server.tokenizer, cfg.models.cache_dir))
+        )
     else:
         tok = load_tokenizer_for(cfg.models, inference)
     if tok.pad_token_id is None:

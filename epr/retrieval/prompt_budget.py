@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from epr.types import Example
 
-__all__ = ["Prompt", "build_prompt"]
+__all__ = ["Budget", "Prompt", "build_prompt"]
 
 
 @dataclass(frozen=True)
@@ -50,3 +50,14 @@ def build_prompt(
         demos.pop()
         text = "".join(d for _, d in reversed(demos)) + q
     return Prompt(text, tuple(i for i, _ in demos), count(text) + reserve, "ok" if demos else "no_demo_fits")
+
+
+@dataclass(frozen=True)
+class Budget:
+    """The prompt rules of a run: tokens of the inference LM, room for the answer, most demonstrations."""
+
+    prompt_budget: int
+    answer_reserve: int
+    max_demos: int
+    tokenizer: str  # the inference LM whose tokens are counted
+    k: int = 50  # ids retrieved before fitting (the run's retrieve.k; its default)

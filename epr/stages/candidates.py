@@ -203,5 +203,10 @@ def run_candidates(ctx: Context, out, fp: str) -> dict:
         rankings, rnd = mine(pool, qids, c.L, c.view, c.backend), 1
         how = f"{c.backend} over {c.view}"
     n = write_jsonl(out / "candidates.jsonl", rankings)
-    log.info("candidates (round %d): %d queries x L=%d (%s)", rnd, n, c.L, how)
-    return {"rows": {"queries": n}, "extra": {"round": rnd}}
+    L = min(c.L, len(pool) - 1)  # what a query can get: the pool less itself
+    capped = f" (candidates.L={c.L} capped: the pool holds {len(pool)} examples, a query never its own)"
+    level = logging.WARNING if L < c.L else logging.INFO
+    log.log(
+        level, "candidates (round %d): %d queries x L=%d%s (%s)", rnd, n, L, capped if L < c.L else "", how
+    )
+    return {"rows": {"queries": n}, "extra": {"round": rnd, "L": L, **({"L_asked": c.L} if L < c.L else {})}}

@@ -8,7 +8,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from epr.artifacts import open_text, read_jsonl_lines
+from epr.artifacts import nul_hint, open_text, read_jsonl_lines
 from epr.types import InputError
 
 __all__ = ["read_table", "field_text", "text_fields"]
@@ -45,7 +45,9 @@ def read_table(path: str | Path, input_field: str, output_field: str) -> Iterabl
                     )
                 missing = [c for c in (input_field, output_field) if c not in cols]
                 if missing:
-                    raise InputError(f"{path}: missing column(s) {missing}; columns are {cols}")
+                    raise InputError(
+                        f"{path}: missing column(s) {missing}; columns are {cols}{nul_hint(''.join(cols))}"
+                    )
                 repeated = sorted({c for c in cols if cols.count(c) > 1})
                 if repeated:
                     raise InputError(

@@ -44,9 +44,11 @@ def run(args: argparse.Namespace) -> int:
     from epr import pipeline
     from epr.config import load_config
     from epr.context import Context, Dist
+    from epr.run_lock import run_lock
 
     ctx = Context(load_config(args.config or [CONFIG], args.set), Dist.from_env())
-    ran = pipeline.run(ctx, until="tqa_report", force=tuple(args.force))
+    with run_lock(ctx.cfg.run_dir, "this run", dist=ctx.dist):  # one writer per run (epr.run_lock)
+        ran = pipeline.run(ctx, until="tqa_report", force=tuple(args.force))
     if ctx.dist.is_main:
         out = ctx.stage_dir("tqa_report")
         sys.stdout.write("\n" + (out / "results.md").read_text(encoding="utf-8"))  # the sweep included
