@@ -271,9 +271,8 @@ class SelectConfig:
 
     size: int = opt(
         300,
-        "pool examples set aside (seeded; never labelled, never their own demonstration; at most a fifth of the "
-        "pool when every example is labelled) on which the retrievers' gold log-probs are compared; 0: no "
-        "selection, serve epr",
+        "pool examples held out (seeded; never labelled, never their own demonstration; at most a fifth of a "
+        "wholly labelled pool) the retrievers are compared on; 0: no selection, serve epr",
         ge=0,
     )
     retrievers: tuple[str, ...] = opt(

@@ -153,6 +153,8 @@ def own_sets(tmp_path: Path, path, *extra: str) -> list[str]:
         "labels.k_pos=2",
         "labels.k_neg=2",
         "labels.source=bm25",
+        "candidates.rounds=1",  # BM25 labels: one round, no selection
+        "select.size=0",
         *extra,
     ]
     return [x for s in sets for x in ("--set", s)]

@@ -34,6 +34,8 @@ def sets(run_root: Path, data_dir, lm_dir, *extra: str) -> list[str]:
         "labels.k_neg=2",
         "scoring.chunk_size=4",
         "scoring.batch_tokens=256",
+        "candidates.rounds=1",  # one round: the runs stop at labels / scores, before any training
+        "select.size=0",
         *extra,
     ]
     return [x for s in items for x in ("--set", s)]
