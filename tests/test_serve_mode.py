@@ -49,7 +49,7 @@ def loaded(shipped):
 @pytest.fixture
 def run(shipped, tmp_path) -> Path:
     """A run folder of its own: the shipped fixture's stages linked in, no select stage yet."""
-    src = shipped[0].parent / "mine"
+    src = shipped[0].parent / "runs" / "mine"
     run = tmp_path / "mine"
     run.mkdir()
     for p in src.iterdir():
@@ -231,12 +231,13 @@ def test_epr_export_ships_the_selection_or_the_mode_asked_for(run, tmp_path):
 
     write_select(run, report("hybrid"))
     args = ["export", "--set", f"run_root={tmp_path}", "--set", "name=mine"]
-    assert main([*args, str(tmp_path / "chosen")]) == 0
-    assert json.loads((tmp_path / "chosen" / "retriever.json").read_text())["mode"] == "hybrid"
-    assert main([*args, "--mode", "bm25", str(tmp_path / "asked")]) == 0
-    meta = json.loads((tmp_path / "asked" / "retriever.json").read_text())
+    out = tmp_path.parent / f"{tmp_path.name}-exports"  # never inside the run root (epr export refuses that)
+    assert main([*args, str(out / "chosen")]) == 0
+    assert json.loads((out / "chosen" / "retriever.json").read_text())["mode"] == "hybrid"
+    assert main([*args, "--mode", "bm25", str(out / "asked")]) == 0
+    meta = json.loads((out / "asked" / "retriever.json").read_text())
     assert meta["mode"] == "bm25" and meta["selection"]["selected"] == "hybrid"
     assert (
         "Served by choice: the run's `select` stage chose `hybrid`"
-        in (tmp_path / "asked" / "README.md").read_text()
+        in (out / "asked" / "README.md").read_text()
     )

@@ -20,7 +20,14 @@ from tests.conftest import SHARED_DATA, write_tiny_task
 
 from .test_pipeline import ctx_overrides
 
-TRAIN = ["train.batch_size=4", "train.epochs=1", "train.dev_size=2", "train.chunk_size=0"]
+# the default two rounds (ctx_overrides pins one for the stage tests) and a short training
+TRAIN = [
+    "train.batch_size=4",
+    "train.epochs=1",
+    "train.dev_size=2",
+    "train.chunk_size=0",
+    "candidates.rounds=2",
+]
 
 
 def make(root, data, lm, minilm, *extra, name="t"):
@@ -92,7 +99,7 @@ def test_a_rounds_candidates_follow_the_labels_of_the_round_before(tmp_path, tin
 
 def test_a_kill_in_round_two_never_touches_round_one(tmp_path, tiny, tiny_lm_dir, minilm_dir, monkeypatch):
     ctx = make(tmp_path / "a", tiny, tiny_lm_dir, minilm_dir, "select.size=0")
-    assert ctx.round == 2  # the default
+    assert ctx.round == 2 == load_config([], []).candidates.rounds  # the default
     pipeline.run(ctx, until="rounds")
     r1 = ctx.prev_round()
     before = digests(r1.cfg.run_dir)
