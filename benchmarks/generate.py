@@ -227,7 +227,7 @@ def stored_bounds(path: str) -> str:
 
 
 def main() -> None:
-    from epr.config_sections import GenerateConfig
+    from epr.config.sections import GenerateConfig
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=1000)

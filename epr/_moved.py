@@ -42,6 +42,9 @@ MOVED = {
     "evaluation": "reports.stats",
     "report": "reports.tables",
     "machine": "reports.machine",
+    "config_names": "config.names",
+    "config_server": "config.server",
+    "config_sections": "config.sections",
 }
 
 

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from epr.config import ExperimentConfig, dump_config, load_config
-from epr.config_sections import TQA_VARIANTS
+from epr.config.sections import TQA_VARIANTS
 from epr.types import ConfigError
 
 

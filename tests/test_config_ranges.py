@@ -14,7 +14,7 @@ import pytest
 
 from epr.cli import main
 from epr.config import ExperimentConfig, config_from_dict, dump_config, load_config
-from epr.config_names import PATH_KINDS, opt
+from epr.config.names import PATH_KINDS, opt
 from epr.types import ConfigError
 
 

@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 
 from epr.cli import explain
 from epr.config import ExperimentConfig, load_config
-from epr.config_names import out_of_range
+from epr.config.names import out_of_range
 from epr.types import UserError
 from tests.test_config_ranges import ALL
 

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-__all__ = ["mean_ci", "mcnemar_exact", "paired_rows", "seeded_subset", "eval_part", "PAPER"]
+__all__ = ["mean_ci", "mcnemar_exact", "paired_rows", "seeded_subset", "seeded_groups", "eval_part", "PAPER"]
 
 # SPEC 2.8: GPT-Neo 2.7B, dev sets (EM; LF-EM for BREAK)
 PAPER = {
@@ -49,14 +49,42 @@ def seeded_subset(n: int, limit: int | None, seed: int) -> np.ndarray:
     return np.sort(np.random.default_rng(seed).choice(n, limit, replace=False))
 
 
-def eval_part(n: int, limit: int | None, part: str, seed: int) -> np.ndarray:
+def seeded_groups(keys: Sequence[str], size: int, seed: int) -> np.ndarray:
+    """Sorted positions of whole groups drawn in a seeded order until at least ``size`` rows are taken (the last
+    group may overshoot): ``keys[i]`` is row i's group (a dialogue, say), so a group is never cut in two. The one
+    way a group-respecting part is drawn (the pool / eval split of a task with groups, the ``groups`` dev cut)."""
+    uniq = sorted(set(keys))
+    order = np.random.default_rng(seed).permutation(len(uniq))
+    counts: dict[str, int] = {}
+    for k in keys:
+        counts[k] = counts.get(k, 0) + 1
+    chosen: set[str] = set()
+    n = 0
+    for j in order:
+        if n >= size:
+            break
+        chosen.add(uniq[j])
+        n += counts[uniq[j]]
+    return np.array([i for i, k in enumerate(keys) if k in chosen], dtype=np.int64)
+
+
+def eval_part(
+    n: int, limit: int | None, part: str, seed: int, groups: Sequence[str] | None = None
+) -> np.ndarray:
     """Positions of the compared part of an eval split of ``n`` rows: ``dev``, the seeded subset of ``limit``
     (all rows when ``limit`` is None), where every choice is made; ``locked``, the rows ``dev`` leaves out,
-    evaluated once at the end (``data.eval_part``'s choices, checked when the config loads)."""
-    dev = seeded_subset(n, limit, seed)
+    evaluated once at the end (``data.eval_part``'s choices, checked when the config loads). With ``groups``
+    (row i's group, ``data.eval_cut=groups``) dev is whole groups of at least ``limit`` rows, so no group has rows
+    on both sides."""
+    if groups is not None and len(groups) != n:
+        raise ValueError(f"eval_part: {len(groups)} group keys for {n} rows")
+    if groups is None or limit is None or limit >= n:
+        dev = seeded_subset(n, limit, seed)
+    else:
+        dev = seeded_groups(groups, limit, seed)
     if part == "dev":
         return dev
-    if limit is None or limit >= n:
+    if limit is None or limit >= n or len(dev) >= n:
         raise ValueError(
             f"data.eval_part=locked needs data.eval_limit below the eval split's {n} rows (the dev subset whose "
             "complement is locked away)"

@@ -26,7 +26,8 @@ def eval_examples(ctx: Context) -> list[Example]:
     d = ctx.cfg.data
     ev = ctx.examples("eval")
     try:
-        ev = [ev[i] for i in eval_part(len(ev), d.eval_limit, d.eval_part, d.split_seed)]
+        groups = ctx.task.groups(ev) if d.eval_cut == "groups" else None
+        ev = [ev[i] for i in eval_part(len(ev), d.eval_limit, d.eval_part, d.split_seed, groups)]
     except ValueError as e:
         raise ConfigError(str(e)) from None
     return [ev[i] for i in seeded_subset(len(ev), ctx.cfg.retrieve.eval_limit, ctx.cfg.seed)]

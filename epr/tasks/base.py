@@ -8,9 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-import numpy as np
-
 from epr.config import DataConfig
+from epr.reports.stats import seeded_groups
 from epr.tasks.rows import field_text, read_table, text_fields
 from epr.types import Example, InputError
 
@@ -110,18 +109,7 @@ def split_pool_eval(
     Both parts keep the original file order.
     """
     keys = [group(r) if group else str(i) for i, r in enumerate(rows)]
-    uniq = sorted(set(keys))
-    order = np.random.default_rng(seed).permutation(len(uniq))
-    chosen: set[str] = set()
-    counts: dict[str, int] = {}
-    for k in keys:
-        counts[k] = counts.get(k, 0) + 1
-    n = 0
-    for j in order:
-        if n >= eval_size:
-            break
-        chosen.add(uniq[j])
-        n += counts[uniq[j]]
+    chosen = {keys[i] for i in seeded_groups(keys, eval_size, seed)}
     pool = [r for r, k in zip(rows, keys) if k not in chosen]
     ev = [r for r, k in zip(rows, keys) if k in chosen]
     return pool, ev
@@ -141,6 +129,11 @@ class Task:
         self.report = LoadReport()
 
     # ---- loading -------------------------------------------------------------------------------
+    def groups(self, examples: Sequence[Example]) -> list[str]:
+        """Each example's group for ``data.eval_cut=groups`` (rows that must stay on one side of the dev / locked
+        cut). A task without groups puts every example in its own."""
+        return [str(e.idx) for e in examples]
+
     def data_files(self) -> list[Path]:
         """The local files :meth:`raw_splits` reads (none when it reads the hub): their content is part of the
         examples stage's key, so a file replaced in place makes the run stale."""

@@ -126,6 +126,16 @@ class SMCalFlow(Task):
             rows, self.cfg.eval_size, self.cfg.split_seed, group=lambda r: r.meta["dialogue_id"]
         )
 
+    def groups(self, examples):
+        """The turn's dialogue: ``data.eval_cut=groups`` keeps each dialogue's turns on one side of dev / locked."""
+        missing = [e for e in examples if "dialogue_id" not in e.meta]
+        if missing:
+            raise InputError(
+                f"{self.where()}: data.eval_cut=groups needs each turn's dialogue_id; "
+                f"{missing[0].meta.get('source', f'eval row {missing[0].idx}')} has none"
+            )
+        return [str(e.meta["dialogue_id"]) for e in examples]
+
     def skeleton(self, y: str) -> str:
         """The lispress program's function heads and closing parentheses, without string and number arguments:
         ``(Yield (Event.attendees (FindEvent ... )))``."""

@@ -284,6 +284,9 @@ def test_locked_part_is_the_rest_of_the_eval_split_and_training_is_shared(
         assert pipeline.stage_fingerprint(dev, stage) == pipeline.stage_fingerprint(locked, stage)
     assert pipeline.stage_fingerprint(dev, "retrieve") != pipeline.stage_fingerprint(locked, "retrieve")
     assert pipeline.status(locked)["labels"] == "fresh"
+    grouped = make_ctx(tmp_path, tiny_task_files, tiny_lm_dir, "data.eval_limit=4", "data.eval_cut=groups")
+    assert pipeline.stage_fingerprint(grouped, "labels") == pipeline.stage_fingerprint(dev, "labels")
+    assert pipeline.stage_fingerprint(grouped, "retrieve") != pipeline.stage_fingerprint(dev, "retrieve")
     whole = make_ctx(tmp_path, tiny_task_files, tiny_lm_dir, "data.eval_part=locked")
     with pytest.raises(Exception, match="eval_limit below"):
         eval_examples(whole)

@@ -1,6 +1,7 @@
 import gzip
 import json
 
+import numpy as np
 import pytest
 
 from epr.config import DataConfig
@@ -115,6 +116,52 @@ def test_real_loaders(task, n_pool, n_eval):
     else:  # SMCalFlow: 14,751 turns less the 1,255 flagged skip, split by dialogue
         assert len(pool) + len(ev) == 14751 - 1255 and len(t.report.skipped) == 1255
         assert {e.meta["dialogue_id"] for e in pool}.isdisjoint({e.meta["dialogue_id"] for e in ev})
+
+
+@pytest.mark.skipif(not SHARED_DATA.exists(), reason="../shared/data not present")
+def test_smcalflow_dialogue_cut_shares_no_dialogue_between_dev_and_locked():
+    """configs/smcalflow.yaml cuts dev / locked by dialogue: no dialogue on both sides, dev at least
+    data.eval_limit turns; the per-turn cut of the curve's folders (negative control) shares hundreds."""
+    from epr.config import load_config
+    from epr.reports.stats import eval_part
+
+    cfg = load_config(["configs/smcalflow.yaml"], ["data.data_dir=" + str(SHARED_DATA)]).data
+    assert cfg.eval_cut == "groups"
+    t = get_task(cfg)
+    _, ev = t.load()
+    groups = t.groups(ev)
+
+    def dialogues(cut):
+        g = groups if cut == "groups" else None
+        parts = [eval_part(len(ev), cfg.eval_limit, p, cfg.split_seed, g) for p in ("dev", "locked")]
+        assert sorted(np.concatenate(parts).tolist()) == list(range(len(ev)))  # the two parts are the split
+        return [{groups[i] for i in part} for part in parts], parts
+
+    (dev, locked), parts = dialogues("groups")
+    assert not dev & locked and len(parts[0]) >= cfg.eval_limit and len(parts[1]) >= 1000
+    (dev, locked), _ = dialogues("rows")
+    assert len(dev & locked) > 300  # the old cut: 423 dialogues on both sides
+
+
+def test_group_cut_keeps_groups_whole_and_rows_cut_is_unchanged():
+    from epr.reports.stats import eval_part, seeded_subset
+
+    groups = [str(i // 4) for i in range(40)]
+    dev = eval_part(40, 10, "dev", 3, groups)
+    locked = eval_part(40, 10, "locked", 3, groups)
+    assert {groups[i] for i in dev}.isdisjoint({groups[i] for i in locked})
+    assert len(dev) == 12 and len(locked) == 28  # whole groups of 4 until 10 rows are reached
+    assert list(eval_part(40, 10, "dev", 3)) == list(seeded_subset(40, 10, 3))  # no groups: as before
+    with pytest.raises(ValueError, match="3 group keys for 40 rows"):
+        eval_part(40, 10, "dev", 3, groups[:3])
+
+
+def test_split_pool_eval_draws_what_it_drew_before_the_shared_group_draw():
+    rows = [RawRow(f"x{i}", f"y{i}", {"d": str(i // 3)}, f"f:{i}") for i in range(30)]
+    _, ev = split_pool_eval(rows, 7, seed=1, group=lambda r: r.meta["d"])
+    _, ev_rows = split_pool_eval(rows, 5, seed=0)
+    assert [r.input for r in ev] == ["x12", "x13", "x14", "x21", "x22", "x23", "x24", "x25", "x26"]
+    assert [r.input for r in ev_rows] == ["x6", "x10", "x18", "x19", "x28"]
 
 
 # ---- rows that used to be merged, mangled or crash without naming where ---------------------------------------

@@ -1,7 +1,7 @@
 """Typed, frozen configuration: one dataclass per stage, filled from YAML plus ``--set a.b=v`` overrides.
 
 Unknown keys are errors. A YAML file may name a parent with ``inherit: other.yaml`` (relative to itself). The
-sections live in :mod:`epr.config_sections`, each field declared once with its default, help and choices; this
+sections live in :mod:`epr.config.sections`, each field declared once with its default, help and choices; this
 module loads and checks them (a value outside a field's choices is a ``ConfigError`` naming the key) and
 :func:`dump_config` prints a resolved config as commented YAML (``epr config``) that loads back.
 """
@@ -18,8 +18,8 @@ from typing import Any, get_type_hints
 
 import yaml
 
-from epr.config_names import out_of_range, path_problem, range_text
-from epr.config_sections import (
+from epr.config.names import out_of_range, path_problem, range_text
+from epr.config.sections import (
     DENSE,
     RETRIEVERS,
     CandidatesConfig,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from epr.config_names import opt
+from epr.config.names import opt
 from epr.types import ConfigError
 
 __all__ = ["ServerConfig"]

@@ -14,10 +14,23 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from epr.artifacts import remove_stale_temps
-from epr.cache import cached_digest, fingerprint, stage_state, write_manifest
-from epr.config import parse_retriever_name
+from epr.cache import fingerprint, stage_state, write_manifest
 from epr.context import Context
-from epr.lm.factory import scoring_key
+from epr.pipeline.keys import (  # noqa: F401 (the tests read the private keys through epr.pipeline)
+    ADDED_DEFAULTS,
+    _const,
+    _evaluate_deps,
+    _examples_keys,
+    _predict_keys,
+    _prompts_keys,
+    _rerank_keys,
+    _retrieve_deps,
+    _retrieve_keys,
+    _scoring_keys,
+    _select_keys,
+    section_keys,
+    selects,
+)
 from epr.stages import (
     candidates,
     encoder,
@@ -46,42 +59,6 @@ class Stage:
     keys: Callable[[Context], dict]  # the config values (and identities) the stage's output depends on
     fn: Callable[[Context, Path, str], dict | None]  # run_<stage> of an epr.stages module
     distributed: bool = False  # every process runs it (else: the main process only)
-
-
-# Options added after runs were made whose default reproduces what the code did before them: left out of a stage's
-# keys while at that default, so that adding an option does not orphan every trained encoder and cached row.
-ADDED_DEFAULTS: dict[str, dict[str, object]] = {"train": {"demo_fields": "input_output"}}
-
-
-def section_keys(ctx: Context, name: str) -> dict:
-    """Config section ``name`` as a stage's keys: every field, except added options at their neutral default."""
-    neutral = ADDED_DEFAULTS.get(name, {})
-    return {k: v for k, v in ctx.cfg.section(name).items() if k not in neutral or neutral[k] != v}
-
-
-def _const(*deps: str):
-    return lambda ctx: deps
-
-
-def _examples_keys(ctx: Context) -> dict:
-    # the whole eval split is kept: the compared part (eval_limit, eval_part) is the retrieve stage's key
-    data = {k: v for k, v in ctx.cfg.section("data").items() if k not in ("eval_limit", "eval_part")}
-    if data.get("hub_revision") is None:  # unpinned (or no hub): keys stay as they were before the option
-        data.pop("hub_revision", None)
-    keys: dict = {"data": data}
-    # data files may be edited or replaced in place: their content is part of the key (hashed once per change)
-    # (every file the task reads, and data.path / data.eval_path even where a task reads its own files instead;
-    # named as given, so the keys of runs whose task reads exactly those files stay as they were)
-    files = [p for p in (ctx.cfg.data.path, ctx.cfg.data.eval_path) if p]
-    files += [str(f) for f in ctx.task.data_files() if Path(f) not in {Path(p) for p in files}]
-    if files:
-        keys["files"] = {p: cached_digest(p) for p in files}
-    if ctx.cfg.data.task == "jsonl" and any(
-        not Path(p).name.lower().removesuffix(".gz").endswith((".csv", ".tsv")) for p in files
-    ):
-        # JSON numbers have been kept as written ("3.50", not 3.5) since this key: older examples may differ
-        keys["json_numbers"] = "as-written"
-    return keys
 
 
 def _candidates_keys(ctx: Context) -> dict:
@@ -133,94 +110,6 @@ def _rounds_keys(ctx: Context) -> dict:
     if prev is None:  # round 1: no earlier round (the stage is not in this run's graph)
         return {"round": 0}
     return {"encoder": stage_fingerprint(prev, "encoder"), "round": prev.round}
-
-
-def _select_keys(ctx: Context) -> dict:
-    cfg = ctx.cfg
-    return {
-        "select": cfg.section("select"),
-        "slice_of": {"num_queries": cfg.candidates.num_queries, "query_seed": cfg.candidates.query_seed},
-        "k": cfg.retrieve.k,
-        "bm25_backend": cfg.candidates.backend,
-        "prompts": _prompts_keys(ctx),
-        "lm": scoring_key(cfg, inference=True),
-    }
-
-
-def selects(ctx: Context) -> bool:
-    """Whether this run chooses its served retriever (``select.size`` > 0, an EPR-pipeline run)."""
-    return ctx.cfg.select.size > 0 and ctx.cfg.data.task != "truthfulqa"
-
-
-def _evaluate_deps(ctx: Context) -> tuple[str, ...]:
-    return ("predict", "select") if selects(ctx) else ("predict",)
-
-
-def _retrieve_deps(ctx: Context) -> tuple[str, ...]:
-    firsts = {parse_retriever_name(n).base for n in ctx.cfg.retrieve.retrievers}
-    uses = (
-        ("encoder", ("epr", "hybrid")),
-        ("dr-bm25", ("dr-bm25",)),
-    )  # the runs a first stage's encoder is from
-    return ("examples",) + tuple(d for d, rs in uses if firsts & set(rs))
-
-
-def _retrieve_keys(ctx: Context) -> dict:
-    cfg, rc = ctx.cfg, ctx.cfg.retrieve
-    firsts = list(dict.fromkeys(parse_retriever_name(n).base for n in rc.retrievers))
-    keys = {
-        "first_stages": firsts,
-        "k": rc.k,
-        "index_factory": rc.index_factory,
-        "eval_limit": rc.eval_limit,
-        "eval_part": [cfg.data.eval_limit, cfg.data.eval_part, cfg.data.split_seed],
-        "seed": cfg.seed,
-        "bm25_backend": cfg.candidates.backend,
-    }
-    if "sbert" in firsts:
-        keys["sbert"] = cfg.models.encoder
-    if "lm-oracle" in firsts:
-        keys["lm_oracle"] = {"L": rc.oracle_candidates or cfg.candidates.L, **scoring_key(cfg)}
-    return keys
-
-
-def _rerank_keys(ctx: Context) -> dict:
-
-    cfg = ctx.cfg
-    names = cfg.retrieve.retrievers
-    keys: dict = {"retrievers": list(names), "max_demos": cfg.retrieve.max_demos}
-    if any("+" in n for n in names):
-        keys["ragsys"] = {"lambda_d": cfg.ragsys.lambda_d, "lambda_b": cfg.ragsys.lambda_b}
-    if any(parse_retriever_name(n)[2] for n in names):
-        keys["quality_lm"] = scoring_key(cfg, inference=True)
-    return keys
-
-
-def _prompts_keys(ctx: Context) -> dict:
-    from epr.lm.factory import lm_name, model_identity
-
-    rc = ctx.cfg.retrieve
-    return {
-        "prompt_budget": rc.prompt_budget,
-        "answer_reserve": rc.answer_reserve,
-        "max_demos": rc.max_demos,
-        "tokenizer": model_identity(lm_name(ctx.cfg.models, inference=True)),
-    }
-
-
-def _predict_keys(ctx: Context) -> dict:
-    from epr.lm.factory import lm_key
-
-    cfg = ctx.cfg
-    return {
-        "generate": cfg.section("generate"),
-        "lm": lm_key(cfg, inference=True),
-        "gold_logprob": scoring_key(cfg, inference=True),
-    }
-
-
-def _scoring_keys(ctx: Context) -> dict:
-    return scoring_key(ctx.cfg)
 
 
 def run_dr_bm25(ctx: Context, out: Path, fp: str) -> dict:
