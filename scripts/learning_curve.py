@@ -152,6 +152,17 @@ def generated_em(ctx: Context, retrievers: list[str]) -> dict[str, dict]:
     }
 
 
+def curve_args(a, t0: float) -> dict:
+    """``write_curve``'s explicit arguments from this script's options."""
+    return {
+        "name": a.name,
+        "split": a.split,
+        "lms": a.lms,
+        "t0": t0,
+        "labels_info": getattr(a, "labels_info", None),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-c", "--config", default=str(ROOT / "configs" / "mtop_curve.yaml"))
@@ -234,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
         rows, em = rows_from_dir(rows_dir, a.split)
         attach_em(rows, em)
         was["info"].pop("redrawn_from_rows", None)
-        write_curve(out, rows, a, t0, redraw_of=was["info"] or None)
+        write_curve(out, rows, redraw_of=was["info"] or None, **curve_args(a, t0))
         log.info("redrew %s from %d row files", out, len(list(rows_dir.glob("*.json"))))
         return 0
 
@@ -316,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
                     add(r, loss, n, c, seeded(f"{r}@{n}-{loss}", seed), fp, seed)
             for r in learned:
                 add_pooled(rows, n, loss, seeds, r)
-            write_curve(out, rows, a, t0)
+            write_curve(out, rows, **curve_args(a, t0))
 
     # 4. exact match for the rows that decide the bar
     em: dict[str, dict] = {}
@@ -350,12 +361,12 @@ def main(argv: list[str] | None = None) -> int:
                             [em[seeded(f"{r}@{n}-{loss}", s)] for s in seeds]
                         )
                 attach_em(rows, em)
-                write_curve(out, rows, a, t0)
+                write_curve(out, rows, **curve_args(a, t0))
     attach_em(rows, em)
     for name, e in em.items():
         if not name.endswith("-pooled"):
             save_em(rows_dir, name, e)
-    write_curve(out, rows, a, t0)
+    write_curve(out, rows, **curve_args(a, t0))
     log.info("done in %.0f s: %s", time.time() - t0, out)
     return 0
 

@@ -20,6 +20,17 @@ CURVES = sorted(p.parent for p in ROOT.glob("results/*-curve*/curve.json") if p.
 KEYS = ("retriever", "loss", "labels", "split", "seeds", "n", "em", "p_vs_bm25", "p_vs_sbert", "gold_logprob")
 
 
+def curve_kwargs(a) -> dict:
+    """write_curve's explicit arguments from a namespace of the script's shape."""
+    return {
+        "name": a.name,
+        "split": a.split,
+        "lms": a.lms,
+        "t0": 0.0,
+        "labels_info": getattr(a, "labels_info", None),
+    }
+
+
 def _name(r: dict) -> str:
     if r["loss"] is None:
         return r["retriever"]
@@ -85,7 +96,7 @@ def test_committed_curve_is_redrawn_from_its_rows_alone(folder, tmp_path):
     rows, em = curve_rows.rows_from_dir(folder / "rows", want[0]["split"])
     curve.attach_em(rows, em)
     a = argparse.Namespace(split=want[0]["split"], name=folder.name, lms="LMs")
-    curve.write_curve(tmp_path, rows, a, 0.0)
+    curve.write_curve(tmp_path, rows, **curve_kwargs(a))
     got = json.loads((tmp_path / "curve.json").read_text())["rows"]
     assert [_name(r) for r in got] == [_name(r) for r in want]
     for g, w in zip(got, want):

@@ -175,11 +175,10 @@ def paired_logprob(a: list, b: list) -> tuple[float, float, float, float]:
     return float(d.mean()), float(wilcoxon(d).pvalue), float(np.median(d)), float(np.mean(d > 0))
 
 
-def write_curve(out: Path, rows: list[dict], a, t0: float, redraw_of: dict | None = None) -> None:
-    """``curve.json`` / ``.md`` / ``.png`` in ``out``. ``redraw_of``: the ``info`` of the curve.json being redrawn
-    from its rows (``--from-rows``): its machine, command and labels are kept (they say where the rows were
-    computed), and the redraw is recorded beside them."""
-    out.mkdir(parents=True, exist_ok=True)
+def curve_rows(rows: list[dict]) -> list[dict]:
+    """The rows of ``curve.json`` from the computed rows (each with its per-example gold log-probs): the paired
+    log-prob tests against BM25 and SBERT and the fraction of the BM25 -> LM-Oracle gap captured, with its interval.
+    Pure: ``epr experiment check`` recomputes a folder's table with it from the committed rows alone."""
     ref = {r["retriever"]: r["per_query_logprob"] for r in rows if r["loss"] is None}
     for r in rows:
         for b in ("bm25", "sbert"):
@@ -249,13 +248,34 @@ def write_curve(out: Path, rows: list[dict], a, t0: float, redraw_of: dict | Non
         }
         for r in rows
     ]
+    return slim
+
+
+def write_curve(
+    out: Path,
+    rows: list[dict],
+    *,
+    name: str,
+    split: str,
+    lms: str,
+    t0: float,
+    labels_info: dict | None = None,
+    redraw_of: dict | None = None,
+) -> None:
+    """``curve.json`` / ``.md`` / ``.png`` in ``out``: ``name`` the curve's, ``split`` the compared part, ``lms`` the
+    scoring and inference LMs in words, ``t0`` when the curve started, ``labels_info`` the scored sequences.
+    ``redraw_of``: the ``info`` of the curve.json being redrawn from its rows (``--from-rows``): its machine, command
+    and labels are kept (they say where the rows were computed), and the redraw is recorded beside them."""
+    out.mkdir(parents=True, exist_ok=True)
+    slim = curve_rows(rows)
+    extra = sorted({m for r in rows for m in r.get("em_metrics", ())})  # e.g. BREAK's lf_em
     here = {"machine": machine(), "command": " ".join(sys.argv), "elapsed_seconds": round(time.time() - t0)}
     info = here if redraw_of is None else {**redraw_of, "redrawn_from_rows": here}
-    if getattr(a, "labels_info", None):  # the scored sequences, and the last scoring process's throughput
-        info["labels"] = a.labels_info
+    if labels_info:  # the scored sequences, and the last scoring process's throughput
+        info["labels"] = labels_info
     atomic_write_text(out / "curve.json", json.dumps({"info": info, "rows": slim}, indent=2) + "\n")
     lines = [
-        f"# {a.name}: learning curve",
+        f"# {name}: learning curve",
         "",
         f"Machine: {describe(info['machine'])}. Command: `{info['command']}`."
         + (
@@ -277,7 +297,7 @@ def write_curve(out: Path, rows: list[dict], a, t0: float, redraw_of: dict | Non
             if (lab := info.get("labels"))
             else []
         ),
-        f"Evaluation: {slim[0]['n'] if slim else 0} seeded evaluation examples of {a.name.split('-')[0]}; {a.lms}. Gold log-prob: log p(gold parse | prompt), nats, mean with 95% bootstrap interval; DPO: mean "
+        f"Evaluation: {slim[0]['n'] if slim else 0} seeded evaluation examples of {name.split('-')[0]}; {lms}. Gold log-prob: log p(gold parse | prompt), nats, mean with 95% bootstrap interval; DPO: mean "
         "log sigmoid(gold log-prob - without demonstrations). Δ: mean paired gain in gold log-prob over BM25 / SBERT "
         "on the same examples (p: Wilcoxon signed-rank; the median paired gain and the share of examples where the row "
         "is higher: the mean is heavy-tailed). EM: exact match (%), p: exact McNemar vs BM25 / SBERT "
@@ -294,7 +314,7 @@ def write_curve(out: Path, rows: list[dict], a, t0: float, redraw_of: dict | Non
             else "."
         ),
         "",
-        f"Split: **{slim[0]['split'] if slim else a.split}** (dev: the curve's seeded subset every choice was made "
+        f"Split: **{slim[0]['split'] if slim else split}** (dev: the curve's seeded subset every choice was made "
         "on; locked: the rest of the validation split, evaluated once with the settings fixed beforehand). Seeds: "
         "training seeds pooled in the row (pooled rows: mean over seeds, the interval column is the seeds' "
         "min-max; EM p-values: exact sign test per example of the seeds' mean correctness vs the reference; "

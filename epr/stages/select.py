@@ -24,6 +24,7 @@ import numpy as np
 
 from epr.artifacts import atomic_write_text, write_jsonl
 from epr.context import Context
+from epr.reports.stats import paired_gain
 from epr.stages.candidates import held_out_ids
 from epr.types import ConfigError
 
@@ -38,36 +39,6 @@ RULE = (
 )
 
 
-def _paired(a: np.ndarray, b: np.ndarray) -> dict:
-    """Mean gain a - b over the examples both scored, its Wilcoxon and t-test p and a 95% CI of the mean."""
-    from scipy.stats import t as student_t
-    from scipy.stats import ttest_1samp, wilcoxon
-
-    d = (a - b)[~(np.isnan(a) | np.isnan(b))]
-    if len(d) == 0 or not np.any(d):
-        return {
-            "gain": 0.0,
-            "p": 1.0,
-            "p_ttest": 1.0,
-            "gain_ci": [0.0, 0.0],
-            "median_gain": 0.0,
-            "win_rate": 0.0,
-        }
-    half = (
-        float(student_t.ppf(0.975, len(d) - 1) * d.std(ddof=1) / math.sqrt(len(d)))
-        if len(d) > 1
-        else math.inf
-    )
-    return {
-        "gain": float(d.mean()),
-        "p": float(wilcoxon(d).pvalue),
-        "p_ttest": float(ttest_1samp(d, 0.0).pvalue) if len(d) > 1 else 1.0,
-        "gain_ci": [float(d.mean() - half), float(d.mean() + half)],
-        "median_gain": float(np.median(d)),
-        "win_rate": float(np.mean(d > 0)),
-    }
-
-
 def choose(lp: dict[str, np.ndarray], learned: list[str], alpha: float) -> dict:
     """The selection from per-example gold log-probs (``lp[name]``: one value per slice example, NaN where the
     prompt did not fit): each retriever's mean and its paired test against BM25, the choice and why. Pure."""
@@ -76,7 +47,7 @@ def choose(lp: dict[str, np.ndarray], learned: list[str], alpha: float) -> dict:
     for name in learned:
         rows[name] = {
             "gold_logprob": float(np.nanmean(lp[name])) if len(base) else math.nan,
-            **_paired(lp[name], base),
+            **paired_gain(lp[name], base),
         }
     winners = [n for n in learned if rows[n]["gain"] > 0 and rows[n]["p"] < alpha]
     if winners:
