@@ -1,0 +1,180 @@
+"""``epr experiment check``: every results folder's tables and paired tests recomputed from its committed rows
+alone (no model, no run root) and compared with what the folder says: its ``curve.json`` / ``locked.json`` (the
+tables) and its declaration's expected numbers. A changed row file or a changed expected number fails."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from epr.experiments.declaration import Experiment, load
+from epr.reports.curve import attach_em, curve_rows, seeded
+from epr.reports.curve_rows import rows_from_dir
+from epr.reports.served import served_report
+from epr.reports.stats import paired_gain
+
+__all__ = ["recompute", "check", "check_all", "row_name", "folders", "lookup"]
+
+SKIP_KEYS = {"train_seconds_or_eval_seconds"}  # what a redraw does not recompute (wall time)
+
+
+def row_name(r: Mapping) -> str:
+    """A curve row's name as its row file names it: ``bm25``, ``epr@2000-distill`` (seed 42), ``...-s1``,
+    ``...-pooled``."""
+    if r["loss"] is None:
+        return r["retriever"]
+    base = f"{r['retriever']}@{r['labels']}-{r['loss']}"
+    return f"{base}-pooled" if r["seeds"] > 1 else seeded(base, r["seed"])
+
+
+def _ttests(rows: list[dict]) -> dict[str, dict]:
+    """The mean's t-test and 95% CI beside each Wilcoxon p of a learned row's log-prob gain over BM25 / SBERT."""
+    ref = {r["retriever"]: r["per_query_logprob"] for r in rows if r["loss"] is None}
+    out: dict[str, dict] = {}
+    for r in rows:
+        if r["loss"] is None:
+            continue
+        extra = {}
+        for b in ("bm25", "sbert"):
+            if b in ref:
+                a = np.array([np.nan if v is None else v for v in r["per_query_logprob"]], dtype=float)
+                c = np.array([np.nan if v is None else v for v in ref[b]], dtype=float)
+                g = paired_gain(a, c)
+                extra[f"logprob_ttest_p_vs_{b}"] = g["p_ttest"]
+                extra[f"logprob_gain_ci_vs_{b}"] = g["gain_ci"]
+        out[row_name(r)] = extra
+    return out
+
+
+def _curve(folder: Path) -> tuple[dict[str, dict], list[str]]:
+    committed = json.loads((folder / "curve.json").read_text())["rows"]
+    split = committed[0]["split"] if committed else "dev"
+    rows, em = rows_from_dir(folder / "rows", split)
+    attach_em(rows, em)
+    fresh = curve_rows(rows)
+    got = {row_name(r): r for r in fresh}
+    for name, extra in _ttests(rows).items():
+        got.get(name, {}).update(extra)
+    problems = []
+    for r in committed:
+        name = row_name(r)
+        if name not in got:
+            problems.append(f"curve.json row {name}: no row file recomputes it")
+            continue
+        for k, v in r.items():
+            if k in SKIP_KEYS:
+                continue
+            if p := _differs(v, got[name].get(k)):
+                problems.append(f"curve.json row {name} {k}: {p}")
+    if extra := sorted(set(got) - {row_name(r) for r in committed}):
+        problems.append(f"rows/ holds rows curve.json does not show: {extra}")
+    return got, problems
+
+
+def _run(folder: Path, exp: Experiment) -> tuple[dict[str, dict], list[str]]:
+    """An ``epr run``'s committed rows: ``rows/per_query-<part>.jsonl.gz`` and ``select-report.json``; the table
+    is ``<part>.json`` (``scripts/run_report.py``'s raw numbers)."""
+    part = exp.extra.get("part", "locked")
+    metric = exp.extra.get("metric", "correct")
+    rows = [
+        json.loads(x)
+        for x in gzip.decompress((folder / "rows" / f"per_query-{part}.jsonl.gz").read_bytes()).splitlines()
+    ]
+    sel = json.loads((folder / "select-report.json").read_text())
+    _, raw = served_report(rows, sel, part, folder.name, metric)
+    got: dict[str, dict] = {n: dict(v) for n, v in raw["retrievers"].items()}
+    served = got.setdefault(raw["served"], {})
+    for k, t in raw["tests"].items():
+        served[f"{k}_p"] = t["p"]
+        if "p_ttest" in t:
+            served[f"{k}_gain"], served[f"{k}_p_ttest"], served[f"{k}_gain_ci"] = (
+                t["gain"],
+                t["p_ttest"],
+                t["gain_ci"],
+            )
+    for k, v in raw["holm"].items():
+        served[f"{k}_holm"] = v
+    problems = []
+    table = folder / f"{part}.json"
+    if not table.exists():
+        problems.append(f"{table.name}: missing (python scripts/run_report.py <run> --part {part} --out ...)")
+    elif p := _differs(json.loads(table.read_text()), json.loads(json.dumps(raw))):
+        problems.append(f"{table.name}: {p}")
+    return got, problems
+
+
+def _differs(want: Any, got: Any, path: str = "") -> str | None:
+    """Where two JSON values differ (numbers to float rounding, the rest exactly); None when they agree."""
+    if isinstance(want, Mapping) and isinstance(got, Mapping):
+        for k in sorted(set(want) | set(got), key=str):
+            if k in SKIP_KEYS:
+                continue
+            if k not in got or k not in want:
+                return f"{path}{k}: only on {'the committed' if k in want else 'the recomputed'} side"
+            if p := _differs(want[k], got[k], f"{path}{k}."):
+                return p
+        return None
+    if isinstance(want, list) and isinstance(got, list):
+        if len(want) != len(got):
+            return f"{path.rstrip('.')}: {len(want)} items committed, {len(got)} recomputed"
+        for i, (a, b) in enumerate(zip(want, got)):
+            if p := _differs(a, b, f"{path}{i}."):
+                return p
+        return None
+    if isinstance(want, (int, float)) and isinstance(got, (int, float)) and not isinstance(want, bool):
+        if (math.isnan(want) and math.isnan(got)) or math.isclose(want, got, rel_tol=1e-9, abs_tol=1e-12):
+            return None
+        return f"{path.rstrip('.') or 'value'}: committed {want}, recomputed {got}"
+    if want != got:
+        return f"{path.rstrip('.') or 'value'}: committed {want!r}, recomputed {got!r}"
+    return None
+
+
+def lookup(row: Mapping | None, field: str) -> Any:
+    """A dotted field of a recomputed row (``oracle_gap_captured.gold_logprob``); None where it is absent."""
+    v: Any = row
+    for part in field.split("."):
+        if not isinstance(v, Mapping) or part not in v:
+            return None
+        v = v[part]
+    return v
+
+
+def recompute(exp: Experiment) -> tuple[dict[str, dict], list[str]]:
+    """The folder's rows recomputed from its committed per-example files, and where its own tables disagree."""
+    if exp.kind == "curve":
+        return _curve(exp.folder)
+    if exp.kind == "run":
+        return _run(exp.folder, exp)
+    return {}, []
+
+
+def check(folder: Path) -> list[str]:
+    """Everything wrong with one results folder (empty: it recomputes to what it says)."""
+    exp = load(folder)
+    got, problems = recompute(exp)
+    for e in exp.expected:
+        if e.row not in got:
+            problems.append(f"expected {e.row}.{e.field}: no such row (rows: {sorted(got)})")
+        elif p := e.problem(lookup(got[e.row], e.field)):
+            problems.append(f"expected {e.row}.{e.field}: {p}")
+    for t in exp.tests:
+        if not isinstance(lookup(got.get(t.row), t.field), (int, float)):
+            problems.append(f"test {t.row}.{t.field} ({t.says}): no such p-value in the recomputed rows")
+    return [f"{folder.name}: {p}" for p in problems]
+
+
+def folders(results: Path) -> list[Path]:
+    return sorted(p for p in Path(results).iterdir() if p.is_dir() and p.name != "archive") + sorted(
+        p for p in (Path(results) / "archive").glob("*") if p.is_dir()
+    )
+
+
+def check_all(results: Path) -> dict[str, list[str]]:
+    return {f.name: check(f) for f in folders(results)}
