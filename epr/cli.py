@@ -111,6 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
     from epr.truthfulqa import cli as truthfulqa_cli
 
     truthfulqa_cli.add_parser(sub)
+    from epr.experiments import cli as experiments_cli
+
+    experiments_cli.add_parser(sub)
     sub.add_parser(
         "serve",
         help="llama.cpp's OpenAI-compatible server for a packaged GGUF LM, with correct prompt log-probs "
@@ -287,6 +290,10 @@ def _main(argv: list[str]) -> int:
     )
     if args.cmd == "config":
         return print_config(args)
+    if args.cmd == "experiment":
+        from epr.experiments import cli as experiments_cli
+
+        return experiments_cli.run(args)
     if args.cmd == "truthfulqa":
         from epr.truthfulqa import cli as truthfulqa_cli
 

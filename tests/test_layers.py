@@ -29,6 +29,7 @@ RANKS = {
     "epr.context": 7,  # orchestration
     "epr.pipeline": 7,
     "epr.stages": 7,
+    "epr.experiments": 7,  # the results folders: declarations, recomputation, the index
     "epr.api": 8,  # the faces
     "epr.shipping": 8,
     "epr.model_card": 8,

@@ -62,6 +62,17 @@ def _curve(folder: Path) -> tuple[dict[str, dict], list[str]]:
     for name, extra in _ttests(rows).items():
         got.get(name, {}).update(extra)
     problems = []
+    for r in rows:  # a row file's stored mean is its per-example values' mean
+        lp = [np.nan if v is None else v for v in r.get("per_query_logprob") or ()]
+        if (
+            r["seeds"] == 1
+            and lp
+            and not math.isclose(float(np.nanmean(lp)), r["gold_logprob"], abs_tol=1e-6)
+        ):
+            problems.append(
+                f"rows/{r['name']}.json: gold_logprob {r['gold_logprob']} is not the mean of its per-example "
+                f"values ({float(np.nanmean(lp))})"
+            )
     for r in committed:
         name = row_name(r)
         if name not in got:
@@ -88,7 +99,7 @@ def _run(folder: Path, exp: Experiment) -> tuple[dict[str, dict], list[str]]:
     ]
     sel = json.loads((folder / "select-report.json").read_text())
     _, raw = served_report(rows, sel, part, folder.name, metric)
-    got: dict[str, dict] = {n: dict(v) for n, v in raw["retrievers"].items()}
+    got: dict[str, dict] = {n: {**v, "n": raw["n"]} for n, v in raw["retrievers"].items()}
     served = got.setdefault(raw["served"], {})
     for k, t in raw["tests"].items():
         served[f"{k}_p"] = t["p"]

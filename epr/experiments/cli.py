@@ -1,0 +1,117 @@
+"""``epr experiment``: check, index, declare and run the results folders (``epr experiment --help``)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+ROOT = Path(__file__).resolve().parents[2]
+HELP = """Experiments as data: every results folder declares what it is (experiment.yaml).
+
+    epr experiment check                      # every folder recomputed from its committed rows (CI runs this)
+    epr experiment check results/mtop-curve-round2-locked
+    epr experiment index                      # write results/README.md (decisive rows, the ledger of locked looks)
+    epr experiment index --check              # fail if results/README.md is not what the folders say
+    epr experiment declare results/NEW        # a draft experiment.yaml for a new folder
+    epr experiment run results/FOLDER         # rerun the folder's commands (each resumes where it stopped)
+"""
+
+
+def say(line: str) -> None:
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "experiment",
+        help="check, index, declare or rerun the results folders (epr experiment --help)",
+        description=HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("action", choices=("check", "index", "declare", "run"))
+    p.add_argument("folders", nargs="*", type=Path, help="results folders (check: default every folder)")
+    p.add_argument(
+        "--results", type=Path, default=ROOT / "results", help="the results root (default: %(default)s)"
+    )
+    p.add_argument(
+        "--check", action="store_true", help="index: compare instead of writing; exit 1 on a difference"
+    )
+    p.add_argument("--overwrite", action="store_true", help="declare: replace an existing experiment.yaml")
+    p.add_argument("--dry-run", action="store_true", help="run: print the commands, run nothing")
+    p.add_argument("--log-level", default="info")
+
+
+def run(args: argparse.Namespace) -> int:
+    from epr.experiments import check as checking
+    from epr.experiments import declaration, declare, index
+    from epr.types import InputError
+
+    if args.action == "check":
+        targets = args.folders or checking.folders(args.results)
+        bad = 0
+        for f in targets:
+            try:
+                problems = checking.check(f)
+            except (
+                InputError
+            ) as e:  # a declaration that does not load: this folder fails, the others are checked
+                problems = [str(e)]
+            bad += bool(problems)
+            say(f"{'FAIL' if problems else 'ok  '} {f.name}")
+            for p in problems:
+                say(f"     {p}")
+        say(f"{len(targets) - bad} of {len(targets)} folders recompute to what they declare")
+        return 1 if bad else 0
+    if args.action == "index":
+        text, readmes = index.build(args.results)
+        if args.check:
+            stale = [] if (args.results / "README.md").read_text() == text else ["README.md"]
+            stale += [
+                f"{n}/README.md"
+                for n, t in readmes.items()
+                if not (args.results / n / "README.md").exists()
+                or (args.results / n / "README.md").read_text() != t
+            ]
+            for s in stale:
+                say(f"stale: {args.results / s} (run: epr experiment index)")
+            return 1 if stale else 0
+        for p in index.write(args.results):
+            say(f"wrote {p}")
+        return 0
+    if args.action == "declare":
+        for f in args.folders:
+            say(
+                f"wrote {declare.write_draft(f, overwrite=args.overwrite)}: write its title, status and outcome"
+            )
+        return 0
+    if len(args.folders) != 1:
+        raise SystemExit("epr experiment run: give one results folder")
+    exp = declaration.load(args.folders[0])
+    for c in exp.commands:
+        say(f"$ {c}")
+        if args.dry_run:
+            continue
+        argv = shlex.split(c)
+        if argv[0] == "epr":
+            argv = [sys.executable, "-m", "epr.cli", *argv[1:]]
+        elif argv[0] in ("python", "python3"):
+            argv[0] = sys.executable
+        elif argv[0].endswith(".py"):
+            argv = [sys.executable, *argv]
+        done = subprocess.run(argv, cwd=ROOT)
+        if done.returncode:
+            say(f"epr experiment run: stopped at `{c}` (exit {done.returncode}); the same command resumes")
+            return done.returncode
+    if not args.dry_run:
+        problems = checking.check(exp.folder)
+        for p in problems:
+            say(p)
+        return 1 if problems else 0
+    return 0

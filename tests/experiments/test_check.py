@@ -1,0 +1,121 @@
+"""``epr experiment check`` fails on what it is for: a one-number change to a committed row file, to a declaration's
+expected number, to a folder's table; a declaration that names an unknown key or status; and it passes on every
+committed folder (CI)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from epr.experiments import check as checking
+from epr.experiments import declare, index
+from epr.experiments.declaration import load
+from epr.types import InputError
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "results"
+
+
+def _copy(tmp_path: Path, name: str) -> Path:
+    """A committed folder copied; a curve folder gets a fresh draft declaration (title and outcome filled), so that
+    the negative controls do not depend on the hand-written one."""
+    dst = tmp_path / "results" / name
+    shutil.copytree(RESULTS / name, dst)
+    d = yaml.safe_load((dst / "experiment.yaml").read_text())
+    if d["kind"] == "curve":  # a fresh draft: the controls do not lean on the hand-written fields
+        d = declare.draft(dst)
+    d.update(title=f"{name} (copy)", outcome="as committed", date=d.get("date") or "2026-11-26")
+    (dst / "experiment.yaml").write_text(declare.dump(d))
+    return dst
+
+
+def test_every_committed_folder_recomputes_to_what_it_declares():
+    bad = {f.name: checking.check(f) for f in checking.folders(RESULTS)}
+    assert len(bad) >= 40
+    assert {k: v for k, v in bad.items() if v} == {}
+
+
+def test_a_copied_folder_passes_then_fails_on_a_one_number_change_to_a_row_file(tmp_path):
+    f = _copy(tmp_path, "mtop-curve-round2-locked")
+    assert checking.check(f) == []
+    row = f / "rows" / "epr@2000-distill-s1.json"
+    d = json.loads(row.read_text())
+    d["per_query_logprob"][7] += 1.0  # one example, one nat: the mean moves by 1/1235
+    row.write_text(json.dumps(d))
+    problems = checking.check(f)
+    assert any("rows/epr@2000-distill-s1.json: gold_logprob" in p for p in problems), problems
+    assert any("epr@2000-distill-pooled logprob_gain_vs_bm25" in p for p in problems)  # and what it feeds
+
+
+def test_a_one_number_change_to_an_exact_match_row_fails(tmp_path):
+    f = _copy(tmp_path, "break-curve-locked-em")
+    em = f / "rows" / "em-hybrid@2000-distill.json.gz"
+    d = json.loads(gzip.decompress(em.read_bytes()))
+    d["metrics"]["lf_em"][0] = not d["metrics"]["lf_em"][0]
+    em.write_bytes(gzip.compress(json.dumps(d).encode()))
+    assert any("lf_em" in p for p in checking.check(f))
+
+
+def test_a_one_number_change_to_the_declaration_fails(tmp_path):
+    f = _copy(tmp_path, "smcalflow-curve-round2-locked")
+    text = (f / "experiment.yaml").read_text()
+    d = yaml.safe_load(text)
+    e = next(x for x in d["expected"] if x["field"] == "gold_logprob" and "@" in x["row"])
+    d["expected"][d["expected"].index(e)] = {**e, "value": e["value"] + 0.1}
+    (f / "experiment.yaml").write_text(declare.dump(d))
+    assert any(f"expected {e['row']}.gold_logprob" in p for p in checking.check(f))
+
+
+def test_a_changed_table_fails_even_when_the_rows_are_intact(tmp_path):
+    f = _copy(tmp_path, "mtop-default-recipe")
+    raw = json.loads((f / "locked.json").read_text())
+    raw["retrievers"]["bm25"]["metric"] += 0.01
+    (f / "locked.json").write_text(json.dumps(raw))
+    assert any("locked.json" in p for p in checking.check(f))
+
+
+def test_declarations_are_checked_with_the_file_and_key_named(tmp_path):
+    f = _copy(tmp_path, "mtop-curve-round1")
+    d = yaml.safe_load((f / "experiment.yaml").read_text())
+    for bad, match in (
+        ({**d, "stauts": "decisive"}, "unknown keys \\['stauts'\\]"),
+        ({**d, "status": "great"}, "status: 'great' is not one of"),
+        ({**d, "status": "superseded"}, "needs superseded_by"),
+        ({**d, "split": "locked", "outcome": ""}, "needs its outcome"),
+        ({**d, "expected": [{"row": "bm25", "value": 1}]}, "expected\\[0\\]"),
+        ({**d, "preregistration": "NOPE.md"}, "does not exist"),
+    ):
+        (f / "experiment.yaml").write_text(yaml.safe_dump(bad))
+        with pytest.raises(InputError, match=match) as e:
+            load(f)
+        assert str(f / "experiment.yaml") in str(e.value)
+
+
+def test_holm_over_a_dataset_family_by_hand(tmp_path):
+    a = _copy(tmp_path, "mtop-curve-round2-locked")
+    b = _copy(tmp_path, "mtop-curve-round2-listwise-locked")
+    exps = [load(a), load(b)]
+    rows = {e.name: checking.recompute(e)[0] for e in exps}
+    fam = index.family(exps, rows)
+    ps = sorted(p for p, _ in fam.values())
+    m = len(ps)
+    assert m == sum(len(e.tests) for e in exps) >= 4
+    want = []
+    running = 0.0
+    for i, p in enumerate(ps):
+        running = max(running, min(1.0, (m - i) * p))
+        want.append(running)
+    assert sorted(h for _, h in fam.values()) == pytest.approx(want)
+
+
+def test_the_index_is_what_the_folders_say():
+    text, readmes = index.build(RESULTS)
+    assert (RESULTS / "README.md").read_text() == text, "run: epr experiment index"
+    for name, t in readmes.items():
+        assert (RESULTS / name / "README.md").read_text() == t, f"{name}/README.md: run epr experiment index"
+    assert all((f / "README.md").exists() for f in checking.folders(RESULTS))
