@@ -36,7 +36,9 @@ MOVED = {
     "train_eval": "encoder.dev_metric",
     "truthfulqa_stats": "truthfulqa.stats",
     "truthfulqa_findings": "truthfulqa.findings",
-    "truthfulqa_cli": "truthfulqa.cli",
+    "truthfulqa_cli": "cli.truthfulqa",
+    "truthfulqa.cli": "cli.truthfulqa",
+    "inspect_cmd": "cli.inspect",
     "stages.truthfulqa": "truthfulqa.stage",
     "stages.truthfulqa_report": "truthfulqa.report",
     "evaluation": "reports.stats",
@@ -83,8 +85,10 @@ class _Finder(importlib.abc.MetaPathFinder):
 
 
 def install() -> None:
+    # first, so an old path always means its new module: a leftover old file elsewhere on the path (the checkout
+    # an editable install points at, when this is another worktree) cannot shadow the move
     if not any(isinstance(f, _Finder) for f in sys.meta_path):
-        sys.meta_path.append(_Finder())
+        sys.meta_path.insert(0, _Finder())
 
 
 def old_attribute(package: str, new_module: str, name: str):

@@ -24,10 +24,9 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from epr.artifacts import read_jsonl_lines
 
-from epr.artifacts import read_jsonl_lines  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def load(path: Path) -> dict[int, dict]:

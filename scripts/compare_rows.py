@@ -27,11 +27,10 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from epr.reports.curve import paired_logprob, seed_mean
+from epr.reports.stats import mcnemar_exact, mean_ci
 
-from epr.reports.curve import paired_logprob, seed_mean  # noqa: E402
-from epr.reports.stats import mcnemar_exact, mean_ci  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def load(path: Path) -> dict:

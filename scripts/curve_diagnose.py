@@ -22,14 +22,15 @@ from pathlib import Path
 
 import numpy as np
 
+from epr.config import load_config
+from epr.reports.machine import describe, machine
+
+if __package__:  # python -m scripts.curve_diagnose
+    from . import learning_curve as curve
+else:  # python scripts/curve_diagnose.py: scripts/ is sys.path[0]
+    import learning_curve as curve
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "scripts"))
-
-import learning_curve as curve  # noqa: E402
-
-from benchmarks.common import describe, machine  # noqa: E402
-from epr.config import load_config  # noqa: E402
 
 
 def features(ctx, retriever: str, tok) -> list[dict]:

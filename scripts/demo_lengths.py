@@ -15,15 +15,14 @@ import json
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from epr import pipeline
+from epr.artifacts import atomic_write_text
+from epr.config import load_config
+from epr.context import Context
+from epr.encoder.data import demo_text, token_lengths, truncation
+from epr.reports.machine import describe, machine
 
-from epr import pipeline  # noqa: E402
-from epr.artifacts import atomic_write_text  # noqa: E402
-from epr.config import load_config  # noqa: E402
-from epr.context import Context  # noqa: E402
-from epr.encoder.data import demo_text, token_lengths, truncation  # noqa: E402
-from epr.reports.machine import describe, machine  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 LENGTHS = (64, 128, 256)
 KEEP = 0.99

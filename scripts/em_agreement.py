@@ -15,11 +15,10 @@ import argparse
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from epr.reports.curve import em_method, paired_p
+from epr.reports.curve_rows import load_em
 
-from epr.reports.curve import em_method, paired_p  # noqa: E402
-from epr.reports.curve_rows import load_em  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def agreement(gen: dict, greedy: dict) -> dict:

@@ -39,15 +39,12 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from epr import pipeline  # noqa: E402
-from epr.artifacts import atomic_write_text  # noqa: E402
-from epr.cache import read_manifest  # noqa: E402
-from epr.config import load_config  # noqa: E402
-from epr.context import Context  # noqa: E402
-from epr.reports.curve import (  # noqa: E402  (the rows' math and files; re-exported for scripts/curve_diagnose.py)
+from epr import pipeline
+from epr.artifacts import atomic_write_text
+from epr.cache import read_manifest
+from epr.config import load_config
+from epr.context import Context
+from epr.reports.curve import (  # the rows' math and files; re-exported for scripts/curve_diagnose.py
     BASE_SEED,
     add_pooled,
     attach_em,
@@ -56,8 +53,10 @@ from epr.reports.curve import (  # noqa: E402  (the rows' math and files; re-exp
     seeded,
     write_curve,
 )
-from epr.reports.curve_rows import rows_from_dir  # noqa: E402
-from epr.stages.dense_metric import DenseMetric  # noqa: E402
+from epr.reports.curve_rows import rows_from_dir
+from epr.stages.dense_metric import DenseMetric
+
+ROOT = Path(__file__).resolve().parents[1]
 
 log = logging.getLogger("learning_curve")
 

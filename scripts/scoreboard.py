@@ -12,10 +12,9 @@ import argparse
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from epr.reports.scoreboard import entries, load_curves, markdown
 
-from epr.reports.scoreboard import entries, load_curves, markdown  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def main(argv: list[str] | None = None) -> int:

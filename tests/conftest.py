@@ -15,7 +15,8 @@ SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 
 def load_script(name: str):
-    """``scripts/<name>.py`` imported as a module (the scripts are not a package), for tests of their functions."""
+    """``scripts/<name>.py`` imported as a module of its own (not as ``scripts.<name>``), for tests of its
+    functions."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location(

@@ -1,6 +1,8 @@
 """The house's rules, checked over the source (``ast``, imports inside functions included): the library never
-imports the pipeline or the faces, no module imports a higher layer, there are no import cycles, and no module
-grows past what one person holds in mind."""
+imports the pipeline or the faces, no module imports a higher layer, there are no import cycles between modules
+nor between packages, every module is placed in a layer on purpose, and no module grows past what one person
+holds in mind. ``scripts/``, ``benchmarks/`` and ``training/`` are the layer above the faces: they may import
+anything in ``epr``, nothing in ``epr`` imports them, and they never edit ``sys.path``."""
 
 from __future__ import annotations
 
@@ -12,20 +14,23 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "epr"
 
-# Lower rank = lower layer. A module may import its own rank or lower, never higher. Longest prefix wins.
+# Lower rank = lower layer. A module may import its own rank or lower, never higher. A rank per top-level module
+# or package (a module takes its package's rank: no face hides inside a library package); the bare root ``epr``
+# places only ``epr/__init__.py``, so a new module is placed here on purpose or fails.
 RANKS = {
-    "epr": 0,  # the package root, types, config, artifacts: the ground
+    "epr": 0,  # the package root itself; types, config, artifacts, the cache rule, the run lock: the ground
     "epr._moved": 0,
     "epr.types": 0,
     "epr.config": 0,
     "epr.artifacts": 0,
     "epr.cache": 0,
+    "epr.run_lock": 0,
     "epr.lm": 1,  # the library, bottom up
     "epr.encoder": 2,
     "epr.retrieval": 3,
     "epr.reports": 4,
-    "epr.truthfulqa": 5,
-    "epr.tasks": 6,
+    "epr.tasks": 5,  # each dataset's quirks (and the TruthfulQA prompt format the evaluation shares)
+    "epr.truthfulqa": 6,
     "epr.context": 7,  # orchestration
     "epr.pipeline": 7,
     "epr.stages": 7,
@@ -33,12 +38,12 @@ RANKS = {
     "epr.api": 8,  # the faces
     "epr.shipping": 8,
     "epr.model_card": 8,
-    "epr.cli": 8,
-    "epr.inspect_cmd": 8,
+    "epr.cli": 8,  # the epr command: epr.cli.inspect, epr.cli.truthfulqa
     "epr.integrations": 8,
-    "epr.truthfulqa.cli": 8,
 }
+TOP_LAYER = ("scripts", "benchmarks", "training")  # above the faces; run from the repository root
 MAX_LINES = 400
+MAX_TOP_MODULES = 12  # files directly in epr/ (__init__ and _moved included): the rest lives in packages
 
 
 def modules(root: Path = PKG) -> dict[str, Path]:
@@ -70,13 +75,38 @@ def imports(name: str, path: Path, mods: dict[str, Path]) -> set[str]:
     return found
 
 
+def placed_by(name: str) -> str | None:
+    """The RANKS entry that places ``name``: itself or its package (the bare ``epr`` only itself)."""
+    hits = [p for p in RANKS if name == p or (p != "epr" and name.startswith(p + "."))]
+    return max(hits, key=len) if hits else None
+
+
 def rank(name: str) -> int:
-    best = max((p for p in RANKS if name == p or name.startswith(p + ".")), key=len)
-    return RANKS[best]
+    p = placed_by(name)
+    if p is None:
+        raise LookupError(f"{name}: in no layer; add it (or its package) to RANKS")
+    return RANKS[p]
+
+
+def unplaced(mods) -> list[str]:
+    return sorted(n for n in mods if placed_by(n) is None)
 
 
 def graph(mods: dict[str, Path]) -> dict[str, set[str]]:
     return {n: imports(n, p, mods) for n, p in mods.items()}
+
+
+def package(name: str) -> str:
+    """``epr.stages.retrieve`` -> ``epr.stages``; a top-level module (and the root ``epr``) is its own node."""
+    return ".".join(name.split(".")[:2])
+
+
+def package_graph(g: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The module graph collapsed to packages (imports inside a package dropped)."""
+    out: dict[str, set[str]] = {package(n): set() for n in g}
+    for a, deps in g.items():
+        out[package(a)] |= {package(b) for b in deps if package(b) != package(a)}
+    return out
 
 
 def cycles(g: dict[str, set[str]]) -> list[list[str]]:
@@ -115,11 +145,56 @@ def upward(g: dict[str, set[str]]) -> list[str]:
     return sorted(f"{a} -> {b}" for a, deps in g.items() for b in deps if rank(b) > rank(a))
 
 
+def sys_path_edits(path: Path) -> list[int]:
+    """The lines of a file that touch ``sys.path`` (``sys.path.insert``, ``sys.path[:0] = ...``, ``from sys import
+    path``): a script that needs them imports another checkout's code than it says."""
+    lines = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if (
+            isinstance(node, ast.Attribute)
+            and node.attr == "path"
+            and getattr(node.value, "id", None) == "sys"
+        ):
+            lines.append(node.lineno)
+        elif (
+            isinstance(node, ast.ImportFrom)
+            and node.module == "sys"
+            and any(a.name == "path" for a in node.names)
+        ):
+            lines.append(node.lineno)
+    return sorted(lines)
+
+
+def top_layer_imports(path: Path) -> set[str]:
+    """The ``scripts`` / ``benchmarks`` / ``training`` modules a file imports (absolute imports)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            names = [node.module]
+        found |= {n for n in names if n.split(".")[0] in TOP_LAYER}
+    return found
+
+
+def top_layer_files(root: Path = ROOT) -> list[Path]:
+    return sorted(p for d in TOP_LAYER for p in (root / d).rglob("*.py"))
+
+
 def test_no_import_runs_up_a_layer_and_there_are_no_cycles():
     g = graph(modules())
     assert len(g) > 40  # the walk found the package
     assert upward(g) == []
     assert cycles(g) == []
+
+
+def test_no_cycles_between_packages():
+    """Collapsed to packages (``epr.stages.retrieve`` -> ``epr.stages``) the graph is a DAG too: a cycle of
+    packages (context -> tasks -> truthfulqa -> pipeline -> stages -> context, once) is one layer in pieces."""
+    pg = package_graph(graph(modules()))
+    assert len(pg) > 15
+    assert cycles(pg) == []
 
 
 def test_the_checks_catch_what_they_are_for(tmp_path):
@@ -137,9 +212,73 @@ def test_the_checks_catch_what_they_are_for(tmp_path):
     assert sorted(cycles(g)) == [["epr.api", "epr.shipping"], ["epr.lm.scoring", "epr.pipeline"]]
 
 
+def test_the_package_check_catches_a_cycle_no_module_closes(tmp_path):
+    """Negative control: stages.a -> context -> tasks.b -> stages.c is no module cycle, but a package cycle."""
+    pkg = tmp_path / "epr"
+    for d in ("stages", "tasks"):
+        (pkg / d).mkdir(parents=True)
+        (pkg / d / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "stages" / "a.py").write_text("from epr.context import Context\n")
+    (pkg / "context.py").write_text("def task():\n    from epr.tasks.b import get_task\n")
+    (pkg / "tasks" / "b.py").write_text("from epr.stages import c\n")
+    (pkg / "stages" / "c.py").write_text("")
+    g = graph(modules(pkg))
+    assert cycles(g) == []
+    assert cycles(package_graph(g)) == [["epr.context", "epr.stages", "epr.tasks"]]
+
+
 def test_every_module_is_placed_in_a_layer():
-    for name in modules():
-        assert any(name == p or name.startswith(p + ".") for p in RANKS), f"{name}: add it to RANKS"
+    assert unplaced(modules()) == [], "add each to RANKS (or its package)"
+    assert all(p.count(".") <= 1 for p in RANKS), "a rank per top-level module or package, not per submodule"
+
+
+def test_the_placement_check_catches_a_new_module(tmp_path):
+    """Negative control: the root ``epr`` places only itself, so a new top-level module or a module of a new
+    package is in no layer; a new module of a placed package takes the package's rank."""
+    pkg = tmp_path / "epr"
+    (pkg / "foo").mkdir(parents=True)
+    (pkg / "lm").mkdir()
+    for f in ("__init__.py", "newthing.py", "foo/bar.py", "lm/__init__.py", "lm/newer.py"):
+        (pkg / f).write_text("")
+    mods = modules(pkg)
+    assert unplaced(mods) == ["epr.foo.bar", "epr.newthing"]
+    assert rank("epr") == 0 and rank("epr.lm.newer") == RANKS["epr.lm"]
+    with pytest.raises(LookupError, match="epr.newthing"):
+        rank("epr.newthing")
+
+
+def test_the_package_root_stays_small():
+    top = sorted(p.name for p in PKG.glob("*.py"))
+    assert len(top) <= MAX_TOP_MODULES, (
+        f"{len(top)} modules directly in epr/ ({top}): group them in a package"
+    )
+
+
+def test_the_top_layer_is_on_top_and_leaves_sys_path_alone():
+    """``scripts/``, ``benchmarks/``, ``training/`` may import all of ``epr``; ``epr`` never imports them; they run
+    as ``python -m scripts.x`` / ``python -m benchmarks.x`` from the repository root or against the installed
+    package, never by editing ``sys.path`` (which imports another checkout's code than the one you stand in)."""
+    files = top_layer_files()
+    assert len(files) > 20  # the walk found them
+    edits = {str(p.relative_to(ROOT)): sys_path_edits(p) for p in files}
+    assert {k: v for k, v in edits.items() if v} == {}
+    assert {n: top_layer_imports(p) for n, p in modules().items() if top_layer_imports(p)} == {}
+
+
+def test_the_top_layer_checks_catch_what_they_are_for(tmp_path):
+    """Negative controls: a script that inserts its checkout into ``sys.path``, one that assigns it, and a library
+    module that imports a benchmark."""
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "scripts" / "a.py").write_text("import sys\nsys.path.insert(0, '..')\nimport epr\n")
+    (tmp_path / "scripts" / "b.py").write_text("import sys\n\n\ndef f():\n    sys.path[:0] = ['.']\n")
+    (tmp_path / "scripts" / "c.py").write_text("from sys import path\n")
+    (tmp_path / "scripts" / "ok.py").write_text("import sys\nfrom epr.cli import main\nsys.exit(main())\n")
+    found = {p.name: sys_path_edits(p) for p in top_layer_files(tmp_path)}
+    assert found == {"a.py": [2], "b.py": [5], "c.py": [1], "ok.py": []}
+    lib = tmp_path / "lib.py"
+    lib.write_text("def f():\n    from benchmarks.common import save\n    import scripts.x, os\n")
+    assert top_layer_imports(lib) == {"benchmarks.common", "scripts.x"}
 
 
 @pytest.mark.parametrize("name", sorted(modules()))

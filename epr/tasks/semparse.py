@@ -9,6 +9,7 @@ from pathlib import Path
 
 from epr.artifacts import read_jsonl_lines
 from epr.tasks.base import RawRow, Task, field_text, register, split_pool_eval
+from epr.tasks.qa_format import answer_text, demo_text, query_text
 from epr.tasks.qdmr_lf import lf_match
 from epr.tasks.qdmr_steps import UnparsableQDMR, operator_of, parse_steps
 from epr.types import InputError
@@ -220,18 +221,12 @@ class TruthfulQA(Task):
             rows = [row for i, r in enumerate(ds) for row in _answer_rows(r, {}, f"{self.hub_name}#{i}")]
         return split_pool_eval(rows, self.cfg.eval_size, self.cfg.split_seed, group=lambda r: r.input)
 
-    # the prompt formats of the RAGSys evaluation (epr.truthfulqa.sets), so both judge the same prompts
+    # the RAGSys evaluation's prompt format (epr.tasks.qa_format): both judge the same prompts
     def format_demo(self, ex):
-        from epr.truthfulqa.sets import demo_text
-
         return demo_text(ex.input, ex.output)
 
     def format_query(self, x):
-        from epr.truthfulqa.sets import query_text
-
         return query_text(x)
 
     def format_target(self, y):
-        from epr.truthfulqa.sets import answer_text
-
         return answer_text(y) + self.stop

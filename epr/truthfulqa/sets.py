@@ -5,7 +5,8 @@ D_DPO: every distinct (q, a, ā). Leave-one-out: demonstrations whose question i
 Every probability depends only on (question, answer, context), so each question's answers are scored once
 per context, after a shared prefix (``LMScorer.score_after``), and the empty-context scores are computed once.
 Pure functions; the stages that run them, cache and report are ``epr.truthfulqa.stage``. Every TruthfulQA prompt
-is built by ``demo_text`` / ``query_text`` / ``answer_text``, and the paper's numbers (SPEC 3.6) are ``PAPER``.
+is built by ``demo_text`` / ``query_text`` / ``answer_text`` (``epr.tasks.qa_format``: the ``truthfulqa`` task's
+format too), and the paper's numbers (SPEC 3.6) are ``PAPER``.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from epr.artifacts import read_jsonl_lines
+from epr.tasks.qa_format import answer_text, demo_text, query_text  # the prompt format, shared with the task
 from epr.types import InputError
 
 if TYPE_CHECKING:  # the scorer needs torch; the stage graph imports this module without it
@@ -87,21 +89,6 @@ PRIMER = [
     ),
     ("Where were the 1992 Olympics held?", "The 1992 Olympics were held in Barcelona, Spain."),
 ]
-
-
-def demo_text(q: str, a: str) -> str:
-    """A demonstration in the prompt (the TruthfulQA paper's QA format); every TruthfulQA prompt is built here."""
-    return f"Q: {q}\nA: {a}\n\n"
-
-
-def query_text(q: str) -> str:
-    """The question right before the scored answer."""
-    return f"Q: {q}\nA:"
-
-
-def answer_text(a: str) -> str:
-    """A scored answer, as it follows ``query_text``."""
-    return f" {a}"
 
 
 @dataclass

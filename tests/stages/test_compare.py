@@ -184,7 +184,7 @@ def test_changed_pool_recomputes_the_quality_bias(tmp_path, minilm_dir, tiny_lm_
 def test_inspect_shows_what_each_retriever_picks_and_the_prompt(tmp_path, minilm_dir, tiny_lm_dir):
     import io
 
-    from epr.inspect_cmd import inspect_query
+    from epr.cli.inspect import inspect_query
 
     ctx = ctx_for(tmp_path, minilm_dir, tiny_lm_dir, "retrieve.retrievers=random,bm25,sbert,sbert+div+bias")
     pipeline.run(ctx, until="examples")

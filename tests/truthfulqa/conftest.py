@@ -103,9 +103,9 @@ def calls(monkeypatch):
 
 
 def tqa_ctx(tmp_path, data_dir, lm, *sets):
+    from epr.cli.truthfulqa import CONFIG
     from epr.config import load_config
     from epr.context import Context
-    from epr.truthfulqa.cli import CONFIG
 
     base = [f"run_root={tmp_path / 'runs'}", f"data.data_dir={data_dir}", f"models.lm={lm}", "models.encoder=minilm",
             "ragsys.k=2", "truthfulqa.chunk_size=2"]  # fmt: skip

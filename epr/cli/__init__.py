@@ -21,6 +21,9 @@ from pathlib import Path
 
 __all__ = ["main", "build_parser", "context_from_args", "explain"]
 
+# (the docstring above is ``epr --help``.) ``epr.cli.inspect`` is ``epr inspect``, ``epr.cli.truthfulqa`` is
+# ``epr truthfulqa``; ``python -m epr.cli`` runs ``main`` (``__main__.py``).
+
 
 def build_parser() -> argparse.ArgumentParser:
     from epr.pipeline import ALIASES, STAGES
@@ -108,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="export: only the scores of this config's candidates (its labels; needs its candidates stage), "
         "from its scoring LM's store",
     )
-    from epr.truthfulqa import cli as truthfulqa_cli
+    from epr.cli import truthfulqa as truthfulqa_cli
 
     truthfulqa_cli.add_parser(sub)
     from epr.experiments import cli as experiments_cli
@@ -123,7 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-DEMO_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"
+DEMO_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "demo.yaml"
 CONFIG_HELP = """Print the resolved configuration (the defaults, then the YAML files in order, then the --set overrides) as
 YAML: every key with its value and, as a comment, its help and its choices, grouped by section. The output
 loads back unchanged (epr run -c resolved.yaml). Loads no model and imports no torch.
@@ -295,7 +298,7 @@ def _main(argv: list[str]) -> int:
 
         return experiments_cli.run(args)
     if args.cmd == "truthfulqa":
-        from epr.truthfulqa import cli as truthfulqa_cli
+        from epr.cli import truthfulqa as truthfulqa_cli
 
         return truthfulqa_cli.run(args)
     ctx = context_from_args(args)
@@ -353,7 +356,7 @@ def _dispatch(ctx, args: argparse.Namespace) -> int:
     if args.cmd == "cache":
         return score_cache_cmd(ctx, args)
     if args.cmd == "inspect":
-        from epr.inspect_cmd import inspect_query
+        from epr.cli.inspect import inspect_query
 
         inspect_query(ctx, args.query, args.k)
         return 0
@@ -370,7 +373,3 @@ def _dispatch(ctx, args: argparse.Namespace) -> int:
         return 0
     pipeline.run_stage(ctx, pipeline.ALIASES.get(args.cmd, args.cmd), force=args.force)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
