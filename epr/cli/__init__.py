@@ -114,7 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     from epr.cli import truthfulqa as truthfulqa_cli
 
     truthfulqa_cli.add_parser(sub)
-    from epr.experiments import cli as experiments_cli
+    from epr.cli import experiment as experiments_cli
 
     experiments_cli.add_parser(sub)
     sub.add_parser(
@@ -294,7 +294,7 @@ def _main(argv: list[str]) -> int:
     if args.cmd == "config":
         return print_config(args)
     if args.cmd == "experiment":
-        from epr.experiments import cli as experiments_cli
+        from epr.cli import experiment as experiments_cli
 
         return experiments_cli.run(args)
     if args.cmd == "truthfulqa":

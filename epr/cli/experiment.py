@@ -11,7 +11,7 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[2]  # the repository (epr/cli/experiment.py)
 HELP = """Experiments as data: every results folder declares what it is (experiment.yaml).
 
     epr experiment check                      # every folder recomputed from its committed rows (CI runs this)
