@@ -3,7 +3,9 @@
 A run lives in ``runs/<experiment>/<stage>/``. A stage's fingerprint hashes the config sections it reads plus its
 upstream fingerprints (``epr.pipeline`` says which); the stage writes ``manifest.json`` last and atomically, naming
 its fingerprint, and a folder without a manifest (or with another fingerprint) counts as absent or stale. Work inside
-a stage is cut into resumable chunks (``ChunkStore``), each reused only under the same key and inputs. Files whose
+a stage is cut into resumable chunks (``ChunkStore``), each reused only under the same key and inputs. A result row
+outside the stages (a learning curve's row file) holds its key and is reused only while the key is unchanged
+(``cached_row``). Files whose
 content enters a key are named by a digest of their whole content (``cached_digest``), remembered by path, size and
 modification time so a large file is hashed once.
 """
@@ -29,6 +31,8 @@ __all__ = [
     "read_manifest",
     "stage_state",
     "ChunkStore",
+    "keyed_row",
+    "cached_row",
 ]
 
 log = logging.getLogger(__name__)
@@ -136,6 +140,29 @@ def stage_state(stage_dir: str | Path, fp: str) -> str:
     if m is None:
         return "missing"
     return "fresh" if m.get("fingerprint") == fp else "stale"
+
+
+def keyed_row(path: str | Path, key: Any) -> dict | None:
+    """The JSON row file at ``path`` if it was computed from ``key`` (its ``key`` field), else None."""
+    key = json.loads(json.dumps(key))  # as the file holds it (tuples as lists)
+    path = Path(path)
+    if path.exists():
+        row = json.loads(path.read_text(encoding="utf-8"))
+        if row.get("key") == key:
+            return row
+    return None
+
+
+def cached_row(path: str | Path, key: Any, compute) -> dict:
+    """A row file reused while its key (what it was computed from) is unchanged; else ``compute()`` is written
+    atomically with its key and its wall time (a kill mid-write leaves the old row or none)."""
+    key = json.loads(json.dumps(key))
+    if (row := keyed_row(path, key)) is not None:
+        return row
+    t = time.time()
+    row = {"key": key, **compute(), "seconds": round(time.time() - t, 1)}
+    atomic_write_text(Path(path), json.dumps(row) + "\n")
+    return row
 
 
 class ChunkStore:

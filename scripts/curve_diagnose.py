@@ -23,12 +23,8 @@ from pathlib import Path
 import numpy as np
 
 from epr.config import load_config
+from epr.experiments import curve
 from epr.reports.machine import describe, machine
-
-if __package__:  # python -m scripts.curve_diagnose
-    from . import learning_curve as curve
-else:  # python scripts/curve_diagnose.py: scripts/ is sys.path[0]
-    import learning_curve as curve
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -79,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ref", default="bm25")
     ap.add_argument("--run-root", default="runs")
     ap.add_argument(
-        "--out", default=None, help="the curve's results folder (default: as scripts/learning_curve.py)"
+        "--out", default=None, help="the curve's results folder (default: as epr experiment curve)"
     )
     ap.add_argument("--set", action="append", default=[])
     a = ap.parse_args(argv)

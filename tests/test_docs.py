@@ -145,7 +145,20 @@ def declared_flags(path: Path) -> frozenset[str] | None:
     return frozenset({*flags, "-h", "--help"})
 
 
+def runs_main_of(script: Path) -> Path:
+    """A script that only runs an epr module's ``main`` (``from epr.x.y import main``): that module's file, whose
+    parser the script's options are; else the script itself."""
+    tree = ast.parse(script.read_text(encoding="utf-8"))
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("epr.") and any(
+            a.name == "main" for a in node.names
+        ):
+            return ROOT / (node.module.replace(".", "/") + ".py")
+    return script
+
+
 def check_flags(script: Path, args: list[str]) -> None:
+    script = runs_main_of(script)
     flags = declared_flags(script)
     given = [a.split("=", 1)[0] for a in args if a.startswith("-") and a != "-" and not re.match(r"-\d", a)]
     if flags is None:
@@ -173,6 +186,9 @@ def check_epr(argv: list[str], created: dict[str, Path]) -> None:
     if argv[:1] == ["serve"]:  # its own parser (llama.cpp's server)
         server = next(p for p in ROOT.glob("epr/**/llamacpp_server.py"))
         check_flags(server, argv[1:])
+        return
+    if argv[:2] == ["experiment", "curve"]:  # its own parser (the learning curve)
+        check_flags(ROOT / "epr" / "experiments" / "curve.py", argv[2:])
         return
     err = io.StringIO()
     try:

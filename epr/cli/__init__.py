@@ -280,6 +280,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str]) -> int:
+    if argv[:2] == ["experiment", "curve"]:  # the learning curve's own options (epr/experiments/curve.py)
+        from epr.experiments import curve
+
+        return curve.main(argv[2:], prog="epr experiment curve")
     if argv[:1] == ["serve"]:  # its own options (epr/lm/llamacpp_server.py)
         from epr.lm import llamacpp_server
 

@@ -19,7 +19,8 @@ HELP = """Experiments as data: every results folder declares what it is (experim
     epr experiment index                      # write results/README.md (decisive rows, the ledger of locked looks)
     epr experiment index --check              # fail if results/README.md is not what the folders say
     epr experiment declare results/NEW        # a draft experiment.yaml for a new folder
-    epr experiment run results/FOLDER         # rerun the folder's commands (each resumes where it stopped)
+    epr experiment run results/FOLDER         # rerun it from scratch into runs/rerun/FOLDER (resumable), then
+                                              # compare the rerun's rows with the numbers the folder declares
 """
 
 
@@ -45,6 +46,12 @@ def add_parser(sub) -> None:
     )
     p.add_argument("--overwrite", action="store_true", help="declare: replace an existing experiment.yaml")
     p.add_argument("--dry-run", action="store_true", help="run: print the commands, run nothing")
+    p.add_argument(
+        "--run-root", default="runs", help="run: where the rerun's runs live (default: %(default)s)"
+    )
+    p.add_argument(
+        "--into", type=Path, help="run: the rerun's results folder (default: <run-root>/rerun/<folder>)"
+    )
     p.add_argument("--log-level", default="info")
 
 
@@ -94,24 +101,58 @@ def run(args: argparse.Namespace) -> int:
     if len(args.folders) != 1:
         raise SystemExit("epr experiment run: give one results folder")
     exp = declaration.load(args.folders[0])
-    for c in exp.commands:
-        say(f"$ {c}")
+    into = args.into or Path(args.run_root) / "rerun" / exp.name
+    commands = [c for c in (rerun_command(c, into, args.run_root) for c in exp.commands) if c]
+    if not commands:
+        raise SystemExit(
+            f"epr experiment run: {exp.name} declares no command that makes it (kind {exp.kind})"
+        )
+    for argv in commands:
+        say(f"$ {shlex.join(argv)}")
         if args.dry_run:
             continue
-        argv = shlex.split(c)
-        if argv[0] == "epr":
-            argv = [sys.executable, "-m", "epr.cli", *argv[1:]]
-        elif argv[0] in ("python", "python3"):
-            argv[0] = sys.executable
-        elif argv[0].endswith(".py"):
-            argv = [sys.executable, *argv]
-        done = subprocess.run(argv, cwd=ROOT)
+        done = subprocess.run([sys.executable, *argv], cwd=ROOT)
         if done.returncode:
-            say(f"epr experiment run: stopped at `{c}` (exit {done.returncode}); the same command resumes")
+            say(
+                f"epr experiment run: stopped (exit {done.returncode}); the same command resumes where it stopped"
+            )
             return done.returncode
-    if not args.dry_run:
-        problems = checking.check(exp.folder)
-        for p in problems:
-            say(p)
-        return 1 if problems else 0
-    return 0
+    if args.dry_run:
+        return 0
+    # the rerun's rows against the numbers the folder declares, within their tolerances
+    problems = checking.check(exp.folder, rows_from=into if exp.kind == "curve" else None)
+    for p in problems:
+        say(p)
+    say(f"{exp.name}: the rerun {'differs' if problems else 'reproduces every declared number'} ({into})")
+    return 1 if problems else 0
+
+
+CURVE = ("scripts/learning_curve.py", "scripts/mtop_curve.py")
+
+
+def rerun_command(command: str, into: Path, run_root: str) -> list[str] | None:
+    """A declared command as a fresh rerun runs it (argv after ``python``): a learning curve writes into ``into``
+    under ``run_root`` (never into the committed folder); a redraw (``--from-rows``) is left out, as the rerun's
+    own rows are checked; ``epr ...`` runs this package's CLI."""
+    argv = shlex.split(command)
+    if argv[0] in ("python", "python3"):
+        argv = argv[1:]
+    if argv[0] == "epr":
+        return ["-m", "epr.cli", *argv[1:]]
+    if any(argv[0].endswith(c) for c in CURVE):
+        if "--from-rows" in argv:
+            return None
+        out: list[str] = ["-m", "epr.experiments.curve"]
+        skip = False
+        for a in argv[1:]:
+            if skip:
+                skip = False
+                continue
+            if a in ("--out", "--run-root"):
+                skip = True
+                continue
+            if a.startswith(("--out=", "--run-root=")):
+                continue
+            out.append(a)
+        return [*out, "--out", str(into), "--run-root", str(run_root)]
+    return argv

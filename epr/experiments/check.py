@@ -4,6 +4,7 @@ tables) and its declaration's expected numbers. A changed row file or a changed 
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 import math
@@ -166,10 +167,11 @@ def recompute(exp: Experiment) -> tuple[dict[str, dict], list[str]]:
     return {}, []
 
 
-def check(folder: Path) -> list[str]:
-    """Everything wrong with one results folder (empty: it recomputes to what it says)."""
+def check(folder: Path, rows_from: Path | None = None) -> list[str]:
+    """Everything wrong with one results folder (empty: it recomputes to what it says). ``rows_from``: a rerun's
+    folder, whose rows are checked against this folder's declared numbers (within their tolerances)."""
     exp = load(folder)
-    got, problems = recompute(exp)
+    got, problems = recompute(exp if rows_from is None else dataclasses.replace(exp, folder=Path(rows_from)))
     for e in exp.expected:
         if e.row not in got:
             problems.append(f"expected {e.row}.{e.field}: no such row (rows: {sorted(got)})")

@@ -219,12 +219,12 @@ def test_own_json_data_is_keyed_by_how_numbers_are_read(name, marked, tmp_path):
     assert "json_numbers" not in pipeline._examples_keys(Context(mtop))  # built-in tasks' keys stay
 
 
-# ---- scripts/learning_curve.py: a row's key by the stages' rules --------------------------------------------------
+# ---- epr experiment curve: a row's key by the stages' rules -------------------------------------------------------
 @pytest.fixture(scope="module")
 def curve():
-    from tests.conftest import load_script
+    from epr.experiments import curve
 
-    return load_script("learning_curve")
+    return curve
 
 
 @pytest.mark.parametrize(
@@ -293,11 +293,11 @@ def test_curve_rows_are_reused_only_under_their_own_key(curve, tmp_path):
         return {"gold_logprob": -1.5, "best_epoch": 1}
 
     f, k = tmp_path / "hybrid@2000-distill-s1.json", {"fp": "abc", "n": 3, "retrieve": ("x",)}
-    assert curve.row_cached(f, k) is None
+    assert curve.keyed_row(f, k) is None
     first = curve.cached_row(f, k, compute)
-    assert curve.row_cached(f, k) == first and first["best_epoch"] == 1
+    assert curve.keyed_row(f, k) == first and first["best_epoch"] == 1
     assert curve.cached_row(f, k, compute) == first and len(calls) == 1  # served, not computed again
-    assert curve.row_cached(f, {**k, "fp": "other"}) is None  # another encoder: not this row
+    assert curve.keyed_row(f, {**k, "fp": "other"}) is None  # another encoder: not this row
     assert curve.cached_row(f, {**k, "n": 4}, compute)["key"]["n"] == 4 and len(calls) == 2
 
 
