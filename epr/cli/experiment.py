@@ -154,5 +154,8 @@ def rerun_command(command: str, into: Path, run_root: str) -> list[str] | None:
             if a.startswith(("--out=", "--run-root=")):
                 continue
             out.append(a)
+        if old_root := next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--run-root"), None):
+            # runs the command named under its own run root (a round-1 run mining round 2) move with it
+            out = [a.replace(old_root.rstrip("/") + "/", str(run_root).rstrip("/") + "/") for a in out]
         return [*out, "--out", str(into), "--run-root", str(run_root)]
     return argv

@@ -5,7 +5,7 @@ tolerances. ``epr experiment check`` recomputes those numbers from the folder's 
     title: MTOP, round 2 re-mined (distill), 3 seeds, locked
     dataset: mtop                 # mtop | break | smcalflow | truthfulqa | demo
     split: locked                 # dev | locked | dialogue-dev | dialogue-locked | test | none
-    status: decisive              # decisive | supporting | superseded | diagnostic
+    status: decisive              # decisive | supporting | superseded | diagnostic | planned (not run yet)
     date: 2026-11-25
     kind: curve                   # curve (rows/ + curve.json) | run (an epr run's rows) | other (nothing to recompute)
     seeds: [42, 1, 2]
@@ -34,7 +34,13 @@ __all__ = ["Expect", "Test", "Experiment", "load", "FILE", "DATASETS", "SPLITS",
 FILE = "experiment.yaml"
 DATASETS = ("mtop", "break", "smcalflow", "truthfulqa", "demo")
 SPLITS = ("dev", "locked", "dialogue-dev", "dialogue-locked", "test", "none")
-STATUSES = ("decisive", "supporting", "superseded", "diagnostic")
+STATUSES = (
+    "decisive",
+    "supporting",
+    "superseded",
+    "diagnostic",
+    "planned",
+)  # planned: pre-registered, not run
 KINDS = ("curve", "run", "other")
 LOCKED = ("locked", "dialogue-locked", "test")  # splits where every look is counted
 
@@ -160,6 +166,8 @@ def load(folder: Path) -> Experiment:
         raise InputError(f"{where}: preregistration {exp.preregistration!r} does not exist beside it")
     if exp.status == "superseded" and not exp.superseded_by:
         raise InputError(f"{where}: status superseded needs superseded_by (the folder that replaces it)")
+    if exp.status == "planned" and not exp.preregistration:
+        raise InputError(f"{where}: status planned needs its preregistration (committed before the run)")
     if exp.locked and exp.kind != "other" and not exp.outcome:
         raise InputError(
             f"{where}: a look at the {exp.split} split needs its outcome (one line, a loss included)"
