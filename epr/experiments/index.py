@@ -182,15 +182,27 @@ def build(results: Path) -> tuple[str, dict[str, str]]:
     for e in sorted(exps, key=lambda e: (e.dataset, e.date, e.name)):
         status = e.status + (f" by [{e.superseded_by}]({e.superseded_by}/)" if e.superseded_by else "")
         out.append(f"| [{e.name}]({e.name}/) | {status} | {e.dataset} | {e.split} | {e.date} | {e.title} |")
-    readmes = {e.name: folder_readme(e) for e in exps if _generated_or_missing(e.folder / "README.md")}
+    readmes = {e.name: folder_readme(e) for e in exps if not e.extra.get("readme_by")}
     return "\n".join(out) + "\n", readmes
 
 
-def _generated_or_missing(p: Path) -> bool:
-    return not p.exists() or GENERATED in p.read_text(encoding="utf-8")
+END = "<!-- end of the generated part: what follows is written by hand -->"
+
+
+def hand_written(p: Path) -> str:
+    """The hand-written part of a folder README: below the generated head's end marker; all of a README that has
+    no generated head; nothing of a wholly generated one (the index's first format)."""
+    if not p.exists():
+        return ""
+    text = p.read_text(encoding="utf-8")
+    if END in text:
+        return text.split(END, 1)[1].lstrip("\n")
+    return "" if GENERATED in text else text
 
 
 def folder_readme(e: Experiment) -> str:
+    """The folder's README: a head generated from its declaration (what it is, its status, what it showed, how it
+    was made), then whatever was written there by hand, kept as it was."""
     lines = [f"# {e.title}", "", GENERATED, "", f"**{e.status}**"]
     if e.superseded_by:
         lines[-1] += f" (by [`{e.superseded_by}`](../{e.superseded_by}/))"
@@ -205,11 +217,14 @@ def folder_readme(e: Experiment) -> str:
         lines += ["", f"Pre-registration: [{e.preregistration}]({e.preregistration})."]
     if e.commands:
         lines += ["", "Made by:", "", *[f"    {c}" for c in e.commands]]
+        if e.kind == "curve":
+            lines += ["", f"Rerun from scratch and compare: `epr experiment run results/{e.name}` (resumable)."]
     files = sorted(p.name for p in e.folder.iterdir() if p.name not in ("README.md", "experiment.yaml"))
     lines += ["", "Files: " + ", ".join(f"`{f}`" for f in files) + "."]
-    if (e.folder / "curve.md").exists():
-        lines += ["", "The table: [curve.md](curve.md) (recomputed from `rows/` by `epr experiment check`)."]
-    return "\n".join(lines) + "\n"
+    if e.kind != "other":
+        lines += ["", "Every number here is recomputed from the committed rows by `epr experiment check`."]
+    hand = hand_written(e.folder / "README.md")
+    return "\n".join(lines) + "\n\n" + END + "\n" + ("\n" + hand if hand else "")
 
 
 def write(results: Path) -> list[Path]:

@@ -12,8 +12,9 @@ hard negatives. The round-r encoder's fingerprint and the round number are part 
 stage then scores only the pairs the run root's score cache does not already hold.
 
 Mixed (``candidates.miner: mixed``): the retriever's top ceil(L / 2) and BM25's best that are not among them, up to L
-(half retriever-mined, half output-mined): where re-mining finds few good demonstrations (SMCalFlow, RESULTS 5k),
-BM25-over-outputs keeps the candidates the LM rated well in round 1. Each candidate keeps its own miner's score.
+(half retriever-mined, half output-mined): where re-mining finds few good demonstrations (SMCalFlow,
+results/smcalflow-curve-round2/README.md), BM25-over-outputs keeps the candidates the LM rated well in round 1.
+Each candidate keeps its own miner's score.
 """
 
 from __future__ import annotations
