@@ -28,10 +28,14 @@ BAR_S = 45 * 60  # issue 49: the default MTOP recipe end to end in 45 minutes on
 
 
 def stage_rows(run_dir: Path) -> list[dict]:
-    """One row per finished stage of the run (earlier rounds first), from the manifests: name, seconds, work."""
+    """One row per finished stage of the run (earlier rounds first, the locked part's comparing stages last), from
+    the manifests: name, seconds, work."""
     rows = []
     rounds = sorted((run_dir / "rounds").glob("round-*"), key=lambda p: int(p.name.split("-")[1]))
-    for prefix, d in [*[(f"{r.name}/", r) for r in rounds], ("", run_dir)]:
+    parts = [*[(f"{r.name}/", r) for r in rounds], ("", run_dir)]
+    if (run_dir / "locked").is_dir():  # the comparing stages of a data.eval_part=locked run
+        parts.append(("locked/", run_dir / "locked"))
+    for prefix, d in parts:
         for man in sorted(d.glob("*/manifest.json"), key=lambda p: p.stat().st_mtime):
             m = json.loads(man.read_text())
             if m.get("stage") == "rounds" or "seconds" not in m:
