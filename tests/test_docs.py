@@ -150,8 +150,10 @@ def runs_main_of(script: Path) -> Path:
     parser the script's options are; else the script itself."""
     tree = ast.parse(script.read_text(encoding="utf-8"))
     for node in tree.body:
-        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("epr.") and any(
-            a.name == "main" for a in node.names
+        if (
+            isinstance(node, ast.ImportFrom)
+            and (node.module or "").startswith("epr.")
+            and any(a.name == "main" for a in node.names)
         ):
             return ROOT / (node.module.replace(".", "/") + ".py")
     return script

@@ -43,6 +43,8 @@ STATUSES = (
 )  # planned: pre-registered, not run
 KINDS = ("curve", "run", "other")
 LOCKED = ("locked", "dialogue-locked", "test")  # splits where every look is counted
+# from here on, a look at a locked split is made once, after a pre-registration committed before it runs
+PREREGISTERED_FROM = "2026-11-26 22:00"
 
 
 @dataclass(frozen=True)
@@ -166,6 +168,11 @@ def load(folder: Path) -> Experiment:
         raise InputError(f"{where}: preregistration {exp.preregistration!r} does not exist beside it")
     if exp.status == "superseded" and not exp.superseded_by:
         raise InputError(f"{where}: status superseded needs superseded_by (the folder that replaces it)")
+    if exp.locked and exp.date >= PREREGISTERED_FROM and not exp.preregistration:
+        raise InputError(
+            f"{where}: a look at the {exp.split} split dated {exp.date} needs its preregistration (every look from "
+            f"{PREREGISTERED_FROM} on is pre-registered, committed before it runs)"
+        )
     if exp.status == "planned" and not exp.preregistration:
         raise InputError(f"{where}: status planned needs its preregistration (committed before the run)")
     if exp.locked and exp.kind != "other" and not exp.outcome:

@@ -218,7 +218,10 @@ def folder_readme(e: Experiment) -> str:
     if e.commands:
         lines += ["", "Made by:", "", *[f"    {c}" for c in e.commands]]
         if e.kind == "curve":
-            lines += ["", f"Rerun from scratch and compare: `epr experiment run results/{e.name}` (resumable)."]
+            lines += [
+                "",
+                f"Rerun from scratch and compare: `epr experiment run results/{e.name}` (resumable).",
+            ]
     files = sorted(p.name for p in e.folder.iterdir() if p.name not in ("README.md", "experiment.yaml"))
     lines += ["", "Files: " + ", ".join(f"`{f}`" for f in files) + "."]
     if e.kind != "other":

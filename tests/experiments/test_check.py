@@ -89,6 +89,7 @@ def test_declarations_are_checked_with_the_file_and_key_named(tmp_path):
         ({**d, "split": "locked", "outcome": ""}, "needs its outcome"),
         ({**d, "expected": [{"row": "bm25", "value": 1}]}, "expected\\[0\\]"),
         ({**d, "preregistration": "NOPE.md"}, "does not exist"),
+        ({**d, "split": "locked", "outcome": "x", "date": "2026-11-27"}, "needs its preregistration"),
     ):
         (f / "experiment.yaml").write_text(yaml.safe_dump(bad))
         with pytest.raises(InputError, match=match) as e:
