@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from epr.experiments.check import folders, lookup, recompute
-from epr.experiments.declaration import DATASETS, Experiment, load
+from epr.experiments.declaration import DATASETS, PREREGISTERED_FROM, Experiment, load
 from epr.reports.stats import holm
 
 __all__ = ["build", "write", "family", "headline", "PAPER_METRIC", "fmt_p"]
@@ -170,8 +170,9 @@ def build(results: Path) -> tuple[str, dict[str, str]]:
     out += [
         "## The ledger of locked looks",
         "",
-        "Every evaluation on a locked split, per dataset, in date order. From 2026-11-26 on, a recipe is evaluated",
-        "on a locked split once, after a pre-registration committed before the run.",
+        "Every evaluation on a locked split, per dataset, in date order. From "
+        f"{PREREGISTERED_FROM} UTC on, a recipe is evaluated on a locked split once, after a pre-registration",
+        "committed before the run (`epr experiment check` refuses a later look without one).",
         "",
         *ledger_lines,
         "## Every folder",
