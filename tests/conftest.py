@@ -14,19 +14,6 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 
-def load_script(name: str):
-    """``scripts/<name>.py`` imported as a module of its own (not as ``scripts.<name>``), for tests of its
-    functions."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(
-        name, Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py"
-    )
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @pytest.fixture(scope="session")
 def minilm_dir() -> str:
     """The packaged MiniLM, or the local encoder folder ``EPR_TEST_ENCODER`` names (a GPU machine without it)."""

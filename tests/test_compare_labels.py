@@ -3,16 +3,15 @@ malformed row named by file and line."""
 
 from __future__ import annotations
 
+import importlib
 import json
 
 import pytest
 
-from tests.conftest import load_script
-
 
 @pytest.fixture(scope="module")
 def cl():
-    return load_script("compare_labels")
+    return importlib.import_module("epr.experiments.compare_labels")
 
 
 def _write(path, rows):

@@ -3,12 +3,11 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 from pathlib import Path
 
 import pytest
-
-from tests.conftest import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCKED = ROOT / "results" / "mtop-curve-locked"
@@ -16,7 +15,7 @@ LOCKED = ROOT / "results" / "mtop-curve-locked"
 
 @pytest.fixture(scope="module")
 def cr():
-    return load_script("compare_rows")
+    return importlib.import_module("epr.experiments.compare_rows")
 
 
 def test_dense_and_em_comparisons_match_the_committed_curve(cr):

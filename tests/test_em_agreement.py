@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import gzip
+import importlib
 import json
 
 import pytest
 
 from epr.reports.curve import attach_em, paired_p, pooled
-from tests.conftest import load_script
 
 
 def _row(correct, method=None):
@@ -17,7 +17,7 @@ def _row(correct, method=None):
 
 
 def test_agreement_counts_and_refusals():
-    ea = load_script("em_agreement")
+    ea = importlib.import_module("epr.experiments.em_agreement")
     got = ea.agreement(
         _row([True, True, False, False, True]), _row([True, False, False, True, True], "greedy")
     )
@@ -50,7 +50,7 @@ def test_paired_tests_and_pooling_refuse_mixed_methods_and_rows_record_theirs():
 
 
 def test_the_script_prints_one_line_per_shared_row(tmp_path, capsys):
-    ea = load_script("em_agreement")
+    ea = importlib.import_module("epr.experiments.em_agreement")
     for d, method in (("gen", None), ("greedy", "greedy")):
         (tmp_path / d).mkdir()
         for name, c in (

@@ -3,18 +3,17 @@
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 
 import pytest
-
-from tests.conftest import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def collect():
-    return load_script("collect_results")
+    return importlib.import_module("epr.experiments.collect_results")
 
 
 def _finished(d: Path, tag: str) -> None:

@@ -1,0 +1,120 @@
+"""Two label sets of the same training examples side by side: how good their candidates are by the LM's own scores.
+
+    python scripts/compare_labels.py runs/mtop-curve/labels runs/mtop-round2/labels     # round 1 vs round 2
+
+Reads each run's ``labels/labels.jsonl`` (the ``labels`` stage's output: every candidate's LM score
+log p(y | candidate, x) per training example) and reports, over the examples both hold: the share of candidates they
+have in common, the mean best and median candidate score, and the share of examples whose best candidate is better
+in B. Re-mining (``candidates.miner: retriever``) is worth its scoring only where B's candidates are at least as
+good as the ones they replace; this shows whether they are.
+
+Where the two sets share candidates (the same candidates scored by two LMs: ``--set models.lm=...``), it also
+reports how alike the two LMs rank them: the mean Spearman correlation of their scores over each example's shared
+candidates, and the share of A's top k (the positives, ``labels.k_pos``) among them that are B's top k too.
+
+    python scripts/compare_labels.py runs/mtop-curve/labels runs/mtop-gemma-labels/labels   # SmolLM2 vs Gemma
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from epr.artifacts import read_jsonl_lines
+
+ROOT = Path(__file__).resolve().parents[2]  # the repository
+
+
+def load(path: Path) -> dict[int, dict]:
+    """``{qid: row}`` of a ``labels.jsonl`` (or the folder holding it)."""
+    path = path / "labels.jsonl" if path.is_dir() else path
+    rows = {}
+    for where, r in read_jsonl_lines(path, required=("qid", "cands", "cand_scores")):
+        if not r["cand_scores"] or len(r["cand_scores"]) != len(r["cands"]):
+            raise ValueError(f"{where}: cand_scores missing or not one per candidate")
+        rows[r["qid"]] = r
+    return rows
+
+
+def agreement(a: dict[int, dict], b: dict[int, dict], q: list[int], k: int) -> dict:
+    """How alike A and B rank the candidates they share, per example: Spearman's rho (examples with >= 3 shared
+    candidates whose scores are not all tied) and the share of A's top k that are B's top k (examples with more
+    than k shared)."""
+    from scipy.stats import spearmanr
+
+    rhos, tops = [], []
+    for i in q:
+        sa, sb = (dict(zip(x[i]["cands"], x[i]["cand_scores"])) for x in (a, b))
+        shared = [c for c in b[i]["cands"] if c in sa]
+        xa, xb = [sa[c] for c in shared], [sb[c] for c in shared]
+        if len(shared) >= 3 and len(set(xa)) > 1 and len(set(xb)) > 1:
+            rhos.append(float(spearmanr(xa, xb)[0]))
+        # ties broken by candidate id in both (as the labels stage breaks them), not by B's order
+        if len(shared) > k:
+            top = [set(sorted(shared, key=lambda c, m=m: (-m[c], c))[:k]) for m in (sa, sb)]
+            tops.append(len(top[0] & top[1]) / k)
+    return {
+        "rank_agreement": float(np.mean(rhos)) if rhos else None,
+        "rank_agreement_examples": len(rhos),
+        "top_k": k,
+        "top_k_shared": float(np.mean(tops)) if tops else None,
+    }
+
+
+def compare(a: dict[int, dict], b: dict[int, dict], k: int = 3) -> dict:
+    """The two label sets on the examples both hold (pure: the numbers the script prints)."""
+    q = sorted(set(a) & set(b))
+    if not q:
+        raise ValueError("the two label sets share no training example")
+    best = np.array([[max(a[i]["cand_scores"]), max(b[i]["cand_scores"])] for i in q])
+    med = np.array([[np.median(a[i]["cand_scores"]), np.median(b[i]["cand_scores"])] for i in q])
+    overlap = [len(set(a[i]["cands"]) & set(b[i]["cands"])) / len(b[i]["cands"]) for i in q]
+    return {
+        "examples": len(q),
+        "only_a": len(set(a) - set(b)),
+        "only_b": len(set(b) - set(a)),
+        "candidates_shared": float(np.mean(overlap)),
+        "best_a": float(best[:, 0].mean()),
+        "best_b": float(best[:, 1].mean()),
+        "best_b_higher": float(np.mean(best[:, 1] > best[:, 0])),
+        "best_b_lower": float(np.mean(best[:, 1] < best[:, 0])),
+        "median_a": float(med[:, 0].mean()),
+        "median_b": float(med[:, 1].mean()),
+        **agreement(a, b, q, k),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("a", type=Path, help="labels folder (or labels.jsonl) A")
+    ap.add_argument("b", type=Path, help="labels folder (or labels.jsonl) B")
+    ap.add_argument("--json", action="store_true", help="print the numbers as JSON")
+    ap.add_argument("--k", type=int, default=3, help="top k compared (labels.k_pos)")
+    args = ap.parse_args(argv)
+    c = compare(load(args.a), load(args.b), args.k)
+    if args.json:
+        print(json.dumps(c, indent=1))
+        return 0
+    print(
+        f"{c['examples']} training examples in both ({c['only_a']} only in A, {c['only_b']} only in B); "
+        f"candidates shared: {c['candidates_shared']:.1%}\n"
+        f"best candidate's LM score (mean, nats): A {c['best_a']:.2f}, B {c['best_b']:.2f}; "
+        f"B's best higher on {c['best_b_higher']:.1%}, lower on {c['best_b_lower']:.1%}\n"
+        f"median candidate's LM score (mean, nats): A {c['median_a']:.2f}, B {c['median_b']:.2f}"
+    )
+    if c["rank_agreement"] is not None or c["top_k_shared"] is not None:
+        rho, top = c["rank_agreement"], c["top_k_shared"]
+        print(
+            f"on the shared candidates: Spearman {'n/a' if rho is None else f'{rho:.3f}'} (mean over "
+            f"{c['rank_agreement_examples']} examples); A's top {c['top_k']} among B's: "
+            f"{'n/a (no example shares more than k)' if top is None else f'{top:.1%}'}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

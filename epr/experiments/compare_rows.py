@@ -1,0 +1,137 @@
+"""Two committed rows of a learning curve, paired on the same examples: is B better than A?
+
+    python scripts/compare_rows.py results/mtop-curve-round1/rows/epr@2000-distill.json results/mtop-curve-round2/rows/epr@2000-distill.json
+    python scripts/compare_rows.py results/mtop-curve-locked/rows/em-bm25.json.gz results/mtop-curve-locked/rows/em-epr@2000-distill.json.gz
+    python scripts/compare_rows.py results/mtop-curve-locked/rows/bm25.json \
+      results/mtop-curve-locked/rows/epr@2000-distill.json,results/mtop-curve-locked/rows/epr@2000-distill-s1.json,results/mtop-curve-locked/rows/epr@2000-distill-s2.json
+
+Dense rows (``*.json``: ``per_query_logprob``): the mean paired gain of B over A in gold log-prob with its 95%
+bootstrap interval, the median gain, the share of examples where B is higher and the Wilcoxon signed-rank p.
+Exact-match rows (``em-*.json.gz``: ``idx``, ``correct``): both exact-match rates, the discordant examples and the
+exact McNemar p. The rows must hold the same examples (same count; EM rows: the same ``idx`` in the same order);
+examples either row could not score (``null``) are left out of the dense comparison, and counted.
+
+Either side may be several rows (training seeds) joined by commas: they are pooled per example as the curve's pooled
+rows are (dense: the seeds' mean gold log-prob; exact match: the seeds' mean correctness), so that each example
+counts once; the exact-match test is then the exact sign test on the examples where the pooled means differ (with
+one seed per side, McNemar's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from epr.reports.curve import paired_logprob, seed_mean
+from epr.reports.stats import mcnemar_exact, mean_ci
+
+ROOT = Path(__file__).resolve().parents[2]  # the repository
+
+
+def load(path: Path) -> dict:
+    raw = path.read_bytes()
+    return json.loads(gzip.decompress(raw) if path.name.endswith(".gz") else raw)
+
+
+def pool(rows: list[dict], name: str = "rows") -> dict:
+    """Several seeds' rows of the same examples as one row: per example the seeds' mean (see the module doc)."""
+    if len(rows) == 1:
+        return rows[0]
+    if all("per_query_logprob" in r for r in rows):
+        if len({len(r["per_query_logprob"]) for r in rows}) != 1:
+            raise ValueError(
+                f"{name}: the seeds' rows hold different numbers of examples: not the same examples"
+            )
+        return {"per_query_logprob": seed_mean([r["per_query_logprob"] for r in rows]), "seeds": len(rows)}
+    if all("correct" in r for r in rows):
+        if any(r["idx"] != rows[0]["idx"] for r in rows):
+            raise ValueError(f"{name}: the seeds' rows do not hold the same examples in the same order (idx)")
+        mean = np.mean([np.asarray(r["correct"], float) for r in rows], axis=0)
+        return {"idx": rows[0]["idx"], "correct": mean.tolist(), "seeds": len(rows)}
+    raise ValueError(f"{name}: rows of different kinds (dense and exact match) cannot be pooled")
+
+
+def load_side(spec: str) -> dict:
+    """One side of the comparison: a row file, or several (seeds) joined by commas, pooled per example."""
+    return pool([load(Path(p)) for p in spec.split(",") if p], spec)
+
+
+def compare(a: dict, b: dict, name_a: str = "A", name_b: str = "B") -> dict:
+    """B against A on the same examples (dense rows or exact-match rows; see the module doc)."""
+    if "per_query_logprob" in a and "per_query_logprob" in b:
+        la, lb = a["per_query_logprob"], b["per_query_logprob"]
+        if len(la) != len(lb):
+            raise ValueError(f"{name_a} holds {len(la)} examples, {name_b} {len(lb)}: not the same examples")
+        both = [(x, y) for x, y in zip(la, lb) if x is not None and y is not None]
+        d = [y - x for x, y in both]
+        gain, p, med, win = paired_logprob([y for _, y in both], [x for x, _ in both])
+        _, lo, hi = mean_ci(d, n_boot=2000)
+        return {
+            "metric": "gold_logprob",
+            "seeds_a": a.get("seeds", 1),
+            "seeds_b": b.get("seeds", 1),
+            "n": len(both),
+            "left_out": len(la) - len(both),
+            "mean_a": float(np.mean([x for x, _ in both])),
+            "mean_b": float(np.mean([y for _, y in both])),
+            "gain": gain,
+            "gain_ci": [lo, hi],
+            "median_gain": med,
+            "win_rate": win,
+            "p_wilcoxon": p,
+        }
+    if "correct" in a and "correct" in b:
+        if a["idx"] != b["idx"]:
+            raise ValueError(f"{name_a} and {name_b} do not hold the same examples in the same order (idx)")
+        ca, cb = np.asarray(a["correct"], float), np.asarray(b["correct"], float)  # pooled: the seeds' mean
+        only_a, only_b = int(np.sum(ca > cb)), int(np.sum(cb > ca))
+        return {
+            "metric": "exact_match",
+            "seeds_a": a.get("seeds", 1),
+            "seeds_b": b.get("seeds", 1),
+            "n": len(ca),
+            "em_a": 100 * float(ca.mean()),
+            "em_b": 100 * float(cb.mean()),
+            "only_a": only_a,
+            "only_b": only_b,
+            "p_mcnemar": mcnemar_exact(only_b, only_a),
+        }
+    raise ValueError(
+        f"{name_a} / {name_b}: not two dense rows (per_query_logprob) nor two exact-match rows (correct)"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("a", help="row A (the reference); several seeds' rows joined by commas are pooled")
+    ap.add_argument("b", help="row B; several seeds' rows joined by commas are pooled")
+    ap.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    args = ap.parse_args(argv)
+    r = compare(load_side(args.a), load_side(args.b), args.a, args.b)
+    seeds = (
+        f" (seeds pooled: A {r['seeds_a']}, B {r['seeds_b']})" if r["seeds_a"] > 1 or r["seeds_b"] > 1 else ""
+    )
+    if args.json:
+        print(json.dumps(r, indent=2))
+    elif r["metric"] == "gold_logprob":
+        print(
+            f"gold log-prob on {r['n']} examples ({r['left_out']} left out): A {r['mean_a']:.3f}, B {r['mean_b']:.3f}; "
+            f"B - A {r['gain']:+.3f} nats (95% CI {r['gain_ci'][0]:+.3f} to {r['gain_ci'][1]:+.3f}; median "
+            f"{r['median_gain']:+.3f}, B higher on {100 * r['win_rate']:.0f}%), Wilcoxon p = {r['p_wilcoxon']:.2g}{seeds}"
+        )
+    else:
+        test = "exact sign test" if seeds else "McNemar"
+        print(
+            f"exact match on {r['n']} examples: A {r['em_a']:.1f}, B {r['em_b']:.1f}; A higher on {r['only_a']}, "
+            f"B higher on {r['only_b']}; {test} p = {r['p_mcnemar']:.2g}{seeds}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
