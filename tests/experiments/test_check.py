@@ -120,3 +120,34 @@ def test_the_index_is_what_the_folders_say():
     for name, t in readmes.items():
         assert (RESULTS / name / "README.md").read_text() == t, f"{name}/README.md: run epr experiment index"
     assert all((f / "README.md").exists() for f in checking.folders(RESULTS))
+
+
+def test_a_rerun_writes_beside_never_into_the_committed_folder():
+    from epr.cli.experiment import rerun_command
+
+    cmd = (
+        "scripts/learning_curve.py --split locked --set candidates.mine_run=/w/runs/mtop-curve/2000-distill "
+        "--sizes 2000 --run-root /w/runs --out out/x"
+    )
+    argv = rerun_command(cmd, Path("runs/rerun/x"), "fresh")
+    assert argv[:2] == ["-m", "epr.experiments.curve"]
+    assert argv[-4:] == ["--out", "runs/rerun/x", "--run-root", "fresh"]
+    assert "out/x" not in argv and "/w/runs" not in argv
+    assert "candidates.mine_run=fresh/mtop-curve/2000-distill" in argv  # the round-1 run moves with the root
+    assert rerun_command("scripts/learning_curve.py --from-rows --out results/x", Path("y"), "r") is None
+    assert rerun_command("epr run -c configs/mtop.yaml", Path("y"), "r")[:3] == ["-m", "epr.cli", "run"]
+
+
+def test_index_check_fails_on_a_stale_index(tmp_path, capsys):
+    from epr.cli import main
+
+    results = tmp_path / "results"
+    for name in ("mtop-curve-round1", "mtop-default-recipe"):
+        shutil.copytree(RESULTS / name, results / name)
+    assert main(["experiment", "index", "--results", str(results)]) == 0
+    assert main(["experiment", "index", "--check", "--results", str(results)]) == 0
+    readme = results / "mtop-curve-round1" / "README.md"
+    readme.write_text(readme.read_text().replace("**supporting**", "**decisive**"))
+    assert main(["experiment", "index", "--check", "--results", str(results)]) == 1
+    assert "stale" in capsys.readouterr().out
+    assert main(["experiment", "check", "--results", str(results)]) == 0
