@@ -198,6 +198,8 @@ def check_epr(argv: list[str], created: dict[str, Path]) -> None:
             args = epr_parser().parse_args(argv)
     except SystemExit:
         raise AssertionError(f"`epr {shlex.join(argv)}` does not parse: {err.getvalue().strip()}") from None
+    if args.cmd == "experiment":  # reads results folders, no config
+        return
     if args.cmd == "config":
         files = [*args.config, *args.files]
     elif args.cmd == "truthfulqa":
