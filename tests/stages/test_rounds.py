@@ -237,3 +237,21 @@ def test_paper_config_and_round_one_reproduce_the_committed_fingerprints(monkeyp
     assert want == _committed_fp("mtop-curve-locked", "epr@2000-distill.json")
     assert pipeline.stage_fingerprint(default.prev_round(), "encoder") == want
     assert {"rounds", "select"} <= set(pipeline.upstream(default, "evaluate"))
+
+
+def test_the_encoder_choice_is_in_every_key_that_depends_on_it(tmp_path, tiny, tiny_lm_dir, minilm_dir):
+    """Issue 48: a paper-sized encoder (all-mpnet-base-v2) beside MiniLM must never be served a MiniLM run's
+    encoder, re-mined candidates, selection or rows; what the encoder does not touch (round 1's candidates, scores
+    and labels: BM25 and the LM) stays shared, so the labels are not scored twice."""
+    sets = ("candidates.rounds=3", "candidates.num_queries=12", "select.size=5")
+    a = make(tmp_path, tiny, tiny_lm_dir, minilm_dir, *sets)
+    b = make(tmp_path, tiny, tiny_lm_dir, minilm_dir, *sets, "models.encoder=all-mpnet-base-v2")
+    ra, rb = a.rounds(), b.rounds()
+    for stage in ("candidates", "scores", "labels"):  # round 1: BM25 and the scoring LM only
+        assert pipeline.stage_fingerprint(ra[0], stage) == pipeline.stage_fingerprint(rb[0], stage), stage
+    for x, y in zip(ra, rb):  # every round's encoder
+        assert pipeline.stage_fingerprint(x, "encoder") != pipeline.stage_fingerprint(y, "encoder")
+    for x, y in zip(ra[1:], rb[1:]):  # rounds 2 and 3 are mined by a different encoder
+        assert pipeline.stage_fingerprint(x, "candidates") != pipeline.stage_fingerprint(y, "candidates")
+    for stage in ("select", "retrieve", "evaluate"):  # what serves and compares the trained encoder
+        assert pipeline.stage_fingerprint(a, stage) != pipeline.stage_fingerprint(b, stage), stage
