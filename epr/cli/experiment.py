@@ -36,7 +36,7 @@ def add_parser(sub) -> None:
         description=HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("action", choices=("check", "index", "declare", "run"))
+    p.add_argument("action", choices=("check", "index", "declare", "run", "record"))
     p.add_argument("folders", nargs="*", type=Path, help="results folders (check: default every folder)")
     p.add_argument(
         "--results", type=Path, default=ROOT / "results", help="the results root (default: %(default)s)"
@@ -46,6 +46,7 @@ def add_parser(sub) -> None:
     )
     p.add_argument("--overwrite", action="store_true", help="declare: replace an existing experiment.yaml")
     p.add_argument("--dry-run", action="store_true", help="run: print the commands, run nothing")
+    p.add_argument("--part", choices=("dev", "locked"), default="locked", help="record: the compared part")
     p.add_argument(
         "--run-root", default="runs", help="run: where the rerun's runs live (default: %(default)s)"
     )
@@ -91,6 +92,15 @@ def run(args: argparse.Namespace) -> int:
             return 1 if stale else 0
         for p in index.write(args.results):
             say(f"wrote {p}")
+        return 0
+    if args.action == "record":
+        from epr.experiments.record import record
+
+        if len(args.folders) != 2:
+            raise SystemExit("epr experiment record: give the run folder and the results folder")
+        say(
+            f"wrote {record(args.folders[0], args.folders[1], args.part)}: write its title, status and outcome"
+        )
         return 0
     if args.action == "declare":
         for f in args.folders:
