@@ -115,11 +115,13 @@ def build(results: Path) -> tuple[str, dict[str, str]]:
         "",
     ]
     ledger_lines: list[str] = []
+    families: dict[str, dict] = {}
     for ds in DATASETS:
         mine = [e for e in exps if e.dataset == ds]
         if not mine:
             continue
         fam = family(mine, rows)
+        families[ds] = fam
         dec = sorted((e for e in mine if e.status == "decisive"), key=lambda e: (e.date, e.name))
         out += [f"## {ds}", ""]
         if not dec:
@@ -183,7 +185,9 @@ def build(results: Path) -> tuple[str, dict[str, str]]:
     for e in sorted(exps, key=lambda e: (e.dataset, e.date, e.name)):
         status = e.status + (f" by [{e.superseded_by}]({e.superseded_by}/)" if e.superseded_by else "")
         out.append(f"| [{e.name}]({e.name}/) | {status} | {e.dataset} | {e.split} | {e.date} | {e.title} |")
-    readmes = {e.name: folder_readme(e) for e in exps if not e.extra.get("readme_by")}
+    readmes = {
+        e.name: folder_readme(e, families.get(e.dataset, {})) for e in exps if not e.extra.get("readme_by")
+    }
     return "\n".join(out) + "\n", readmes
 
 
@@ -201,7 +205,7 @@ def hand_written(p: Path) -> str:
     return "" if GENERATED in text else text
 
 
-def folder_readme(e: Experiment) -> str:
+def folder_readme(e: Experiment, fam: Mapping | None = None) -> str:
     """The folder's README: a head generated from its declaration (what it is, its status, what it showed, how it
     was made), then whatever was written there by hand, kept as it was."""
     lines = [f"# {e.title}", "", GENERATED, "", f"**{e.status}**"]
@@ -214,6 +218,16 @@ def folder_readme(e: Experiment) -> str:
         lines += ["", f"**What it showed**: {e.outcome}"]
     if e.notes:
         lines += ["", e.notes]
+    mine = [(t, (fam or {}).get((e.name, t.row, t.field))) for t in e.tests]
+    if any(v for _, v in mine):
+        n = len(fam or {})
+        lines += [
+            "",
+            f"Its tests, with Holm over all {n} locked tests of {e.dataset} (the ledger in "
+            "[results/README.md](../README.md)): "
+            + "; ".join(f"{t.says}: p = {_p(v[0])}, Holm {_p(v[1])}" for t, v in mine if v)
+            + ". The p-values below and in its tables are each test alone.",
+        ]
     if e.preregistration:
         lines += ["", f"Pre-registration: [{e.preregistration}]({e.preregistration})."]
     if e.commands:
