@@ -12,6 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from epr.experiments.curve import curve_args
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -20,17 +22,6 @@ def curve():
     from epr.reports import curve
 
     return curve
-
-
-def curve_kwargs(a) -> dict:
-    """write_curve's explicit arguments from a namespace of the script's shape."""
-    return {
-        "name": a.name,
-        "split": a.split,
-        "lms": a.lms,
-        "t0": 0.0,
-        "labels_info": getattr(a, "labels_info", None),
-    }
 
 
 def _row(name, loss, labels, lp, seed=None):
@@ -106,7 +97,7 @@ def test_pooled_rows_em_tests_gap_and_row_shape(curve, tmp_path):
         lms="scoring LM smollm2 (fp32)",
         labels_info={"sequences": 32000, "speed": speed},
     )
-    curve.write_curve(tmp_path, rows, **curve_kwargs(a))
+    curve.write_curve(tmp_path, rows, **curve_args(a, 0.0))
     written = json.loads((tmp_path / "curve.json").read_text())
     assert written["info"]["labels"]["speed"]["sequences_per_s"] == 5.0
     assert (
@@ -168,7 +159,7 @@ def test_a_learned_row_that_kept_epoch_0_says_it_is_the_untrained_encoder(curve,
         )
     curve.add_pooled(rows, 100, "distill", [42, 1])
     a = argparse.Namespace(split="dev", name="x-curve", lms="LMs")
-    curve.write_curve(tmp_path, rows, **curve_kwargs(a))
+    curve.write_curve(tmp_path, rows, **curve_args(a, 0.0))
     out = json.loads((tmp_path / "curve.json").read_text())["rows"]
     assert [r["best_epoch"] for r in out] == [None, None, 0, 2, [0, 2]]
     md = (tmp_path / "curve.md").read_text()
@@ -238,7 +229,7 @@ def test_extra_exact_match_metrics_get_their_own_paired_tests(curve, tmp_path):
     assert rows[0]["lf_em_p_vs_bm25"] is None  # a reference is not tested against itself
 
     a = argparse.Namespace(split="dev", name="break-curve", lms="scoring LM smollm2 (fp32)")
-    curve.write_curve(tmp_path, rows, **curve_kwargs(a))
+    curve.write_curve(tmp_path, rows, **curve_args(a, 0.0))
     out = json.loads((tmp_path / "curve.json").read_text())["rows"]
     assert out[-1]["lf_em"] == pytest.approx(50.0) and "lf_em_p_vs_sbert" in out[-1]
     md = (tmp_path / "curve.md").read_text()

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from epr.experiments.curve import curve_args
 from epr.reports import curve, curve_rows
 from tests.values import assert_same_values
 
@@ -18,17 +19,6 @@ ROOT = Path(__file__).resolve().parents[1]
 # curve folders in the current row format (results/mtop-curve/ predates it: one seed, no per-example EM files)
 CURVES = sorted(p.parent for p in ROOT.glob("results/*-curve*/curve.json") if p.parent.name != "mtop-curve")
 KEYS = ("retriever", "loss", "labels", "split", "seeds", "n", "em", "p_vs_bm25", "p_vs_sbert", "gold_logprob")
-
-
-def curve_kwargs(a) -> dict:
-    """write_curve's explicit arguments from a namespace of the script's shape."""
-    return {
-        "name": a.name,
-        "split": a.split,
-        "lms": a.lms,
-        "t0": 0.0,
-        "labels_info": getattr(a, "labels_info", None),
-    }
 
 
 def _name(r: dict) -> str:
@@ -96,7 +86,7 @@ def test_committed_curve_is_redrawn_from_its_rows_alone(folder, tmp_path):
     rows, em = curve_rows.rows_from_dir(folder / "rows", want[0]["split"])
     curve.attach_em(rows, em)
     a = argparse.Namespace(split=want[0]["split"], name=folder.name, lms="LMs")
-    curve.write_curve(tmp_path, rows, **curve_kwargs(a))
+    curve.write_curve(tmp_path, rows, **curve_args(a, 0.0))
     got = json.loads((tmp_path / "curve.json").read_text())["rows"]
     assert [_name(r) for r in got] == [_name(r) for r in want]
     for g, w in zip(got, want):
