@@ -22,10 +22,12 @@ def matmul_tflops(dtype: torch.dtype, n: int = 2048, reps: int = 5) -> float:
     return 2 * n**3 * reps / (time.perf_counter() - t) / 1e12
 
 
-def save(name: str, raw: dict, markdown: str) -> None:
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"{name}.json").write_text(json.dumps(raw, indent=2) + "\n")
-    (RESULTS / f"{name}.md").write_text(markdown)
+def save(name: str, raw: dict, markdown: str, out: Path | None = None) -> None:
+    """``<out>/<name>.json`` (raw) and ``.md``; ``out`` defaults to ``benchmarks/results``."""
+    out = RESULTS if out is None else Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(raw, indent=2) + "\n")
+    (out / f"{name}.md").write_text(markdown)
     print(markdown)
 
 
