@@ -16,16 +16,9 @@ import argparse
 import json
 from pathlib import Path
 
+from epr.experiments.record import paper_metric
 from epr.reports.served import served_report
 from epr.stages.select import read_selection
-from epr.tasks import TASKS
-
-
-def paper_metric(run: Path) -> str:
-    """The per-example key of the run's task's paper metric (``correct`` for exact match)."""
-    task = json.loads((run / "examples" / "manifest.json").read_text())["config"]["data"]["task"]
-    m = TASKS[task].paper_metric
-    return "correct" if m == "em" else m
 
 
 def main() -> None:
@@ -42,7 +35,7 @@ def main() -> None:
     sel = read_selection(a.run)
     if sel is None:
         raise SystemExit(f"{a.run}: no finished select stage")
-    md, raw = served_report(rows, sel, a.part, a.run.name, a.metric or paper_metric(a.run))
+    md, raw = served_report(rows, sel, a.part, a.run.name, a.metric or paper_metric(a.run)[1])
     print(md)
     if a.out:
         a.out.parent.mkdir(parents=True, exist_ok=True)

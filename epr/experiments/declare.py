@@ -13,14 +13,20 @@ import yaml
 from epr.experiments.check import row_name
 from epr.experiments.declaration import DATASETS, FILE
 
-__all__ = ["draft", "TOL"]
+__all__ = ["draft", "expect", "dump", "TOL"]
 
 # how far a rerun may land from a headline number and still reproduce it (absolute; rtol for p-values)
-TOL = {"em": 0.05, "lf_em": 0.05, "gold_logprob": 0.005, "oracle_gap_captured.gold_logprob": 0.005}
+TOL = {
+    "em": 0.05,
+    "lf_em": 0.05,
+    "metric": 0.05,
+    "gold_logprob": 0.005,
+    "oracle_gap_captured.gold_logprob": 0.005,
+}
 P_RTOL = 0.05
 
 
-def _expect(row: str, field: str, value) -> dict:
+def expect(row: str, field: str, value) -> dict:
     if value is None:
         return {"row": row, "field": field, "value": None}
     if field in TOL:
@@ -70,7 +76,7 @@ def draft(folder: Path) -> dict:
                 for part in f.split("."):
                     v = v.get(part) if isinstance(v, dict) else None
                 if v is not None or f in ("em", "gold_logprob"):
-                    exp.append(_expect(name, f, v))
+                    exp.append(expect(name, f, v))
         d["expected"] = exp
         if d["split"] == "locked":
             metric = extra[0] if extra else "em"

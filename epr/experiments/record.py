@@ -15,14 +15,14 @@ from pathlib import Path
 import yaml
 
 from epr.experiments.declaration import FILE
-from epr.experiments.declare import TOL, _expect, dump
+from epr.experiments.declare import dump, expect
 from epr.reports.served import served_report
 from epr.tasks import TASKS
 
-__all__ = ["record"]
+__all__ = ["record", "paper_metric"]
 
 
-def _metric(run: Path) -> tuple[str, str]:
+def paper_metric(run: Path) -> tuple[str, str]:
     """The run's task and the per-example key of its paper metric (``correct``: exact match)."""
     task = json.loads((run / "examples" / "manifest.json").read_text())["config"]["data"]["task"]
     m = TASKS[task].paper_metric
@@ -37,7 +37,7 @@ def record(run: Path, folder: Path, part: str = "locked") -> Path:
     sel_dir = run / "select"
     if not (sel_dir / "report.json").exists():
         raise FileNotFoundError(f"{sel_dir}: no finished select stage")
-    task, metric = _metric(run)
+    task, metric = paper_metric(run)
     (folder / "rows").mkdir(parents=True, exist_ok=True)
     text = (ev / "per_query.jsonl").read_bytes()
     (folder / "rows" / f"per_query-{part}.jsonl.gz").write_bytes(gzip.compress(text, mtime=0))
@@ -64,20 +64,19 @@ def record(run: Path, folder: Path, part: str = "locked") -> Path:
     d["extra"] = {**(d.get("extra") or {}), "part": part, "metric": metric}
     expected = []
     for n, v in raw["retrievers"].items():
-        expected.append({**_expect(n, "metric", v["metric"]), "tol": TOL["em"]})
-        expected[-1].pop("rtol", None)
-        expected.append(_expect(n, "gold_logprob", v["gold_logprob"]))
+        expected.append(expect(n, "metric", v["metric"]))
+        expected.append(expect(n, "gold_logprob", v["gold_logprob"]))
     served, best = raw["served"], raw["best_unsupervised"]
     label = "EM" if metric == "correct" else metric.upper().replace("_", "-")
     tests = []
     if f"metric_vs_{best}" in raw["tests"]:
-        expected.append(_expect(served, f"metric_vs_{best}_p", raw["tests"][f"metric_vs_{best}"]["p"]))
+        expected.append(expect(served, f"metric_vs_{best}_p", raw["tests"][f"metric_vs_{best}"]["p"]))
         tests.append({"row": served, "field": f"metric_vs_{best}_p", "says": f"{label} vs {best}"})
     if "logprob_vs_bm25" in raw["tests"]:
         g = raw["tests"]["logprob_vs_bm25"]
         expected += [
-            _expect(served, "logprob_vs_bm25_p", g["p"]),
-            _expect(served, "logprob_vs_bm25_p_ttest", g["p_ttest"]),
+            expect(served, "logprob_vs_bm25_p", g["p"]),
+            expect(served, "logprob_vs_bm25_p_ttest", g["p_ttest"]),
         ]
         tests.append({"row": served, "field": "logprob_vs_bm25_p", "says": "gold log-prob vs bm25"})
     d["expected"], d["tests"] = expected, tests
