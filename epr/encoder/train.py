@@ -156,12 +156,30 @@ class TrainingData:
     candidates: dict[int, list[int]]
 
 
-def train(cfg, data: TrainingData, out: Path, fp: str, resume: bool = True, world: int = 1) -> dict:
+def effective_train(tc, warm: bool):
+    """``train`` as it acts: ``mixed_precision: auto`` resolved on this machine (bf16 where ``models.dtype: auto``
+    would run bf16, else no), and a warm-started round's epochs (``warm_epochs``)."""
+    import dataclasses
+
+    from epr.lm.identity import default_device, resolve_dtype
+
+    mp = tc.mixed_precision
+    if mp == "auto":
+        mp = "bf16" if resolve_dtype("auto", default_device()) == "bf16" else "no"
+    epochs = tc.warm_epochs if warm and tc.warm_epochs is not None else tc.epochs
+    return dataclasses.replace(tc, mixed_precision=mp, epochs=epochs)
+
+
+def train(
+    cfg, data: TrainingData, out: Path, fp: str, resume: bool = True, world: int = 1, init: Path | None = None
+) -> dict:
     """Train into ``out`` (every process calls it); returns the manifest's ``rows`` and ``extra``.
 
     ``fp``: the fingerprint that owns the checkpoints (a checkpoint of another fingerprint is never resumed).
-    ``resume=False`` deletes them first. ``world``: the number of processes the caller expects."""
-    tc, out = cfg.train, Path(out)
+    ``resume=False`` deletes them first. ``world``: the number of processes the caller expects. ``init``: a saved
+    dual encoder to start from (a warm start, ``train.init: previous``; its own similarity and max length hold),
+    else ``models.encoder``."""
+    tc, out = effective_train(cfg.train, init is not None), Path(out)
     accelerator = _accelerator(tc, out)
     procs = {"accelerate": accelerator.num_processes, "caller": world}
     if torch.distributed.is_initialized():
@@ -175,7 +193,7 @@ def train(cfg, data: TrainingData, out: Path, fp: str, resume: bool = True, worl
     k = cfg.labels.k_pos
 
     model = DualEncoder.from_pretrained(
-        cfg.models.encoder,
+        str(init) if init is not None else cfg.models.encoder,
         tie=tc.tie_encoders,
         max_length=tc.max_length,
         cache=cfg.models.cache_dir,
@@ -244,7 +262,8 @@ def train(cfg, data: TrainingData, out: Path, fp: str, resume: bool = True, worl
         )
         for i, batch in enumerate(bar, start=skip):
             with accelerator.accumulate(model):
-                loss = compute_loss(model, batch, pool, task, tc, accelerator)
+                with accelerator.autocast():  # bf16 where train.mixed_precision says so (a no-op otherwise)
+                    loss = compute_loss(model, batch, pool, task, tc, accelerator)
                 if accelerator.sync_gradients:  # accumulated gradients are summed once, not per micro-batch
                     sum_gradients(_unwrap(accelerator, model), accelerator)
                 opt.step()

@@ -19,6 +19,7 @@ from epr.context import Context
 from epr.pipeline.keys import (  # noqa: F401 (the tests read the private keys through epr.pipeline)
     ADDED_DEFAULTS,
     _const,
+    _encoder_keys,
     _evaluate_deps,
     _examples_keys,
     _predict_keys,
@@ -148,7 +149,7 @@ STAGES: dict[str, Stage] = {
         Stage(
             "encoder",
             _const("labels"),
-            lambda c: {"train": section_keys(c, "train"), "encoder": c.cfg.models.encoder},
+            _encoder_keys,
             encoder.run_encoder,
             distributed=True,
         ),

@@ -12,7 +12,9 @@ from epr.lm.factory import scoring_key
 
 # Options added after runs were made whose default reproduces what the code did before them: left out of a stage's
 # keys while at that default, so that adding an option does not orphan every trained encoder and cached row.
-ADDED_DEFAULTS: dict[str, dict[str, object]] = {"train": {"demo_fields": "input_output"}}
+ADDED_DEFAULTS: dict[str, dict[str, object]] = {
+    "train": {"demo_fields": "input_output", "init": "base", "warm_epochs": None}
+}
 
 
 def section_keys(ctx: Context, name: str) -> dict:
@@ -135,3 +137,19 @@ def _predict_keys(ctx: Context) -> dict:
 
 def _scoring_keys(ctx: Context) -> dict:
     return scoring_key(ctx.cfg)
+
+
+def _encoder_keys(ctx: Context) -> dict:
+    """The training settings as they act on this round: mixed precision resolved on this machine (``auto`` keys as
+    what it runs, so a machine that trains in fp32 keeps the keys from before the option), and the warm start only
+    where there is an earlier encoder to start from (round 1 trains from ``models.encoder`` whatever ``init`` says)."""
+    from epr.encoder.train import effective_train
+    from epr.stages.encoder import warm_start_dir
+
+    tc = effective_train(ctx.cfg.train, warm_start_dir(ctx) is not None)
+    train = {k: v for k, v in section_keys(ctx, "train").items() if k not in ("init", "warm_epochs")}
+    train["mixed_precision"] = tc.mixed_precision
+    train["epochs"] = tc.epochs
+    if warm_start_dir(ctx) is not None:
+        train["init"] = "previous"
+    return {"train": train, "encoder": ctx.cfg.models.encoder}

@@ -22,4 +22,21 @@ def run_encoder(ctx: Context, out: Path, fp: str) -> dict:
     labels = read_labels(list(read_jsonl(labels_file)), len(pool), str(labels_file))
     cands = {r["qid"]: r["ids"] for r in read_jsonl(ctx.stage_dir("candidates") / "candidates.jsonl")}
     data = TrainingData(pool=pool, task=ctx.task, labels=labels, candidates=cands)
-    return train(ctx.cfg, data, out, fp, resume=True, world=ctx.dist.world)
+    init = warm_start_dir(ctx)
+    result = train(ctx.cfg, data, out, fp, resume=True, world=ctx.dist.world, init=init)
+    if init is not None:
+        result.setdefault("extra", {})["warm_start"] = str(init)
+    return result
+
+
+def warm_start_dir(ctx: Context) -> Path | None:
+    """The trained encoder this round starts from: with ``train.init: previous``, the encoder of the round that
+    mined its candidates (this run's round r, or ``candidates.mine_run``); ``None`` for round 1 or ``init: base``."""
+    from epr.stages.candidates import round_miner
+
+    if ctx.cfg.train.init != "previous":
+        return None
+    miner, d = round_miner(ctx)
+    if miner not in ("retriever", "mixed") or d is None:
+        return None
+    return Path(d) / "encoder" / "model"

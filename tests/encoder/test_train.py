@@ -78,6 +78,45 @@ def test_three_steps_decrease_loss(tmp_path, tiny_task_files, minilm_dir):
     assert not (ctx.stage_dir("encoder") / "checkpoints").exists()  # a finished training removes them
 
 
+@pytest.mark.parametrize("precision,want", [("no", "torch.float32"), ("bf16", "torch.bfloat16")])
+def test_training_runs_in_the_precision_it_is_keyed_by(
+    tmp_path, tiny_task_files, minilm_dir, monkeypatch, precision, want
+):
+    """``train.mixed_precision: bf16`` (what ``auto`` resolves to on a bf16 CPU) runs the towers' matrix products in
+    bf16 during training steps, ``no`` in fp32; the loss stays finite and the saved weights fp32."""
+    import torch
+
+    from epr.encoder.model import DualEncoder
+    from epr.stages.encoder import run_encoder
+
+    ctx = bm25_ctx(
+        tmp_path,
+        tiny_task_files,
+        minilm_dir,
+        "train.epochs=1",
+        "train.dev_size=0",
+        f"train.mixed_precision={precision}",
+    )
+    seen: set[str] = set()
+    real = train_mod.compute_loss
+
+    def hooked(model, *a, **k):
+        q = model.q_model if hasattr(model, "q_model") else model.module.q_model
+        h = q.encoder.layer[0].attention.self.query.register_forward_hook(
+            lambda m, i, o: seen.add(str(o.dtype))
+        )
+        try:
+            return real(model, *a, **k)
+        finally:
+            h.remove()
+
+    monkeypatch.setattr(train_mod, "compute_loss", hooked)
+    hist = run_encoder(ctx, ctx.stage_dir("encoder"), "test")["extra"]["history"]
+    assert seen == {want} and all(h["loss"] == h["loss"] for h in hist[1:])
+    saved = DualEncoder.from_pretrained(str(ctx.stage_dir("encoder") / "model")).state_dict()
+    assert {t.dtype for t in saved.values() if t.is_floating_point()} == {torch.float32}
+
+
 def test_truncation_counts_texts_longer_than_the_encoder_keeps():
     from epr.encoder.data import truncation
 

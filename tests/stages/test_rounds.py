@@ -255,3 +255,84 @@ def test_the_encoder_choice_is_in_every_key_that_depends_on_it(tmp_path, tiny, t
         assert pipeline.stage_fingerprint(x, "candidates") != pipeline.stage_fingerprint(y, "candidates")
     for stage in ("select", "retrieve", "evaluate"):  # what serves and compares the trained encoder
         assert pipeline.stage_fingerprint(a, stage) != pipeline.stage_fingerprint(b, stage), stage
+
+
+def _encoder_fps(ctx) -> list[str]:
+    return [pipeline.stage_fingerprint(r, "encoder") for r in ctx.rounds()]
+
+
+def test_training_precision_keys_as_it_runs(tmp_path, tiny, tiny_lm_dir, minilm_dir, monkeypatch):
+    """Issue 49: ``train.mixed_precision: auto`` keys as what it runs on the machine: the fp32 keys (every encoder
+    trained before the option) where the CPU has no bf16 instructions, explicit bf16's where it has."""
+    from epr.lm import identity
+
+    fps = {
+        mp: _encoder_fps(make(tmp_path, tiny, tiny_lm_dir, minilm_dir, f"train.mixed_precision={mp}"))
+        for mp in ("no", "bf16")
+    }
+    assert all(a != b for a, b in zip(fps["no"], fps["bf16"]))
+    for has_bf16, want in ((False, "no"), (True, "bf16")):
+        monkeypatch.setattr(identity, "_cpu_has_bf16", lambda v=has_bf16: v)
+        auto = make(tmp_path, tiny, tiny_lm_dir, minilm_dir, "train.mixed_precision=auto")
+        assert _encoder_fps(auto) == fps[want], has_bf16
+
+
+def test_a_warm_start_keys_only_the_rounds_it_starts(tmp_path, tiny, tiny_lm_dir, minilm_dir):
+    """``train.init: previous`` (and ``warm_epochs``) change round 2's and 3's encoders, never round 1's, which
+    has no earlier encoder to start from; ``warm_epochs`` is nothing without the warm start (negative control)."""
+    sets = ("candidates.rounds=3", "candidates.num_queries=12")
+    base = _encoder_fps(make(tmp_path, tiny, tiny_lm_dir, minilm_dir, *sets))
+    warm = _encoder_fps(make(tmp_path, tiny, tiny_lm_dir, minilm_dir, *sets, "train.init=previous"))
+    short = _encoder_fps(
+        make(tmp_path, tiny, tiny_lm_dir, minilm_dir, *sets, "train.init=previous", "train.warm_epochs=3")
+    )
+    assert warm[0] == base[0] == short[0]
+    assert len({base[1], warm[1], short[1]}) == 3 and len({base[2], warm[2], short[2]}) == 3
+    assert _encoder_fps(make(tmp_path, tiny, tiny_lm_dir, minilm_dir, *sets, "train.warm_epochs=3")) == base
+
+
+def test_a_warm_started_round_trains_from_the_round_before(
+    tmp_path, tiny, tiny_lm_dir, minilm_dir, monkeypatch
+):
+    """Value for value: round 2 (warm) starts from exactly round 1's trained weights, round 1 from the base MiniLM;
+    the warm round runs ``warm_epochs`` epochs."""
+    import torch
+
+    from epr.encoder import train as train_mod
+    from epr.encoder.model import DualEncoder
+
+    started: list[tuple[str, dict]] = []
+    real = DualEncoder.from_pretrained
+
+    def spy(name, *a, **k):
+        m = real(name, *a, **k)
+        started.append((str(name), {n: t.clone() for n, t in m.state_dict().items()}))
+        return m
+
+    class Spied:  # what the training (only) loads: mining loads round 1's encoder too
+        from_pretrained = staticmethod(spy)
+
+    monkeypatch.setattr(train_mod, "DualEncoder", Spied)
+    warm = make(
+        tmp_path,
+        tiny,
+        tiny_lm_dir,
+        minilm_dir,
+        "select.size=0",
+        "train.best_by=last",
+        "train.init=previous",
+        "train.warm_epochs=2",
+    )
+    pipeline.run(warm, until="encoder")
+    r1_dir = warm.prev_round().stage_dir("encoder") / "model"
+    assert [n for n, _ in started] == [minilm_dir, str(r1_dir)]
+    r1 = real(str(r1_dir)).state_dict()
+    base = real(minilm_dir).state_dict()
+    assert all(torch.equal(started[1][1][n], r1[n]) for n in r1)  # round 2 began at round 1's weights
+    assert not all(torch.equal(started[1][1][n], base[n]) for n in base)  # which training had moved
+    man = read_manifest(warm.stage_dir("encoder"))
+    assert man["warm_start"] == str(r1_dir)
+    assert [h["epoch"] for h in man["history"]] == [0, 1, 2]  # warm_epochs, not train.epochs (1)
+    assert [
+        h["epoch"] for h in read_manifest(warm.prev_round().stage_dir("encoder"))["history"]
+    ] == [0, 1]
