@@ -1,9 +1,13 @@
-"""Dual-encoder training throughput and peak memory: effective batch 32 vs 256, with and without GradCache.
+"""Dual-encoder training throughput and peak memory: effective batch 32 vs 256, with and without GradCache; or
+(``--precision``) the default recipe's step, fp32 against bf16 autocast (``train.mixed_precision``), in one run.
 
 Each configuration runs in its own process (peak RSS is per process), on synthetic MTOP-like instances from
 the MTOP pool with the packaged MiniLM, for ``--steps`` timed optimizer steps after one warm-up step.
 
     python -m benchmarks.training [--steps 2] [--data-dir ../shared/data]
+    python -m benchmarks.training --precision [--steps 5] [--tag zen4]   # -> results/training-precision-<tag>.md
+
+The recipe's step (configs/mtop.yaml, distill): 32 queries, each with ``list_size`` = 8 scored demonstrations.
 """
 
 from __future__ import annotations
@@ -15,15 +19,17 @@ import subprocess
 import sys
 import time
 
-from benchmarks.common import machine, save
+from benchmarks.common import describe, machine, save
 
 
-def one(batch: int, chunk: int, steps: int, data_dir: str) -> dict:
+def one(batch: int, chunk: int, steps: int, data_dir: str, precision: str = "no", docs: int = 2) -> dict:
+    """``docs`` demonstrations per query; ``precision``: no (fp32) | bf16 (autocast, as accelerate runs it)."""
+    import contextlib
+
     import numpy as np
     import torch
 
     from epr.config import DataConfig
-    from epr.encoder.losses import contrastive_loss, grad_cache_backward
     from epr.encoder.model import DualEncoder
     from epr.tasks import get_task
 
@@ -33,23 +39,18 @@ def one(batch: int, chunk: int, steps: int, data_dir: str) -> dict:
     model = DualEncoder.from_pretrained("minilm")
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
     times = []
+    autocast = (
+        (lambda: torch.autocast("cpu", dtype=torch.bfloat16))
+        if precision == "bf16"
+        else contextlib.nullcontext
+    )
     for step in range(steps + 1):
-        idx = rng.choice(len(pool), 3 * batch, replace=False)
+        idx = rng.choice(len(pool), (1 + docs) * batch, replace=False)
         qs = [pool[i].input for i in idx[:batch]]
         ds = [task.format_demo(pool[i]).strip() for i in idx[batch:]]
         t = time.perf_counter()
-        if chunk:
-            grad_cache_backward(
-                lambda b: model(b, "query"),
-                lambda b: model(b, "prompt"),
-                [model.tokenize(qs[i : i + chunk]) for i in range(0, batch, chunk)],
-                [model.tokenize(ds[i : i + 2 * chunk]) for i in range(0, 2 * batch, 2 * chunk)],
-                contrastive_loss,
-            )
-        else:
-            contrastive_loss(
-                model(model.tokenize(qs), "query"), model(model.tokenize(ds), "prompt")
-            ).backward()
+        with autocast():
+            _step(model, qs, ds, chunk, docs)
         opt.step()
         opt.zero_grad()
         if step:
@@ -57,41 +58,82 @@ def one(batch: int, chunk: int, steps: int, data_dir: str) -> dict:
     return {
         "batch": batch,
         "chunk": chunk,
+        "precision": precision,
+        "docs_per_query": docs,
         "sec_per_step": float(np.mean(times)),
         "instances_per_s": batch / float(np.mean(times)),
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
 
 
+def _step(model, qs, ds, chunk, docs) -> None:
+    from epr.encoder.losses import contrastive_loss, grad_cache_backward
+
+    batch = len(qs)
+    if chunk:
+        grad_cache_backward(
+            lambda b: model(b, "query"),
+            lambda b: model(b, "prompt"),
+            [model.tokenize(qs[i : i + chunk]) for i in range(0, batch, chunk)],
+            [model.tokenize(ds[i : i + docs * chunk]) for i in range(0, docs * batch, docs * chunk)],
+            contrastive_loss,
+        )
+    else:
+        contrastive_loss(model(model.tokenize(qs), "query"), model(model.tokenize(ds), "prompt")).backward()
+
+
+def _run_one(b: int, c: int, steps: int, data_dir: str, precision: str = "no", docs: int = 2) -> dict:
+    r = subprocess.run(
+        [sys.executable, "-m", "benchmarks.training", "--one", f"{b},{c},{precision},{docs}"]
+        + ["--steps", str(steps), "--data-dir", data_dir],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def precision_table(rows: list[dict], m: dict, steps: int) -> str:
+    base = next(r for r in rows if r["precision"] == "no")
+    md = [
+        f"# Dual-encoder training step, fp32 vs bf16 autocast (MiniLM-L6, {describe(m)})",
+        "",
+        f"The default recipe's step shape (configs/mtop.yaml): {base['batch']} queries x {base['docs_per_query']} "
+        f"demonstrations, no GradCache. Mean of {steps} steps after a warm-up, each configuration in its own process, "
+        "one after the other in the same run.",
+        "",
+        "| train.mixed_precision | s / step | instances / s | vs fp32 | peak RSS (MB) |",
+        "|---|---|---|---|---|",
+    ]
+    for r in rows:
+        md.append(
+            f"| {r['precision']} | {r['sec_per_step']:.2f} | {r['instances_per_s']:.1f} | "
+            f"{base['sec_per_step'] / r['sec_per_step']:.2f}x | {r['peak_rss_mb']:.0f} |"
+        )
+    return "\n".join(md) + "\n"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--data-dir", default="../shared/data")
+    ap.add_argument(
+        "--precision", action="store_true", help="fp32 vs bf16 autocast at the recipe's step shape"
+    )
+    ap.add_argument("--tag", default="", help="suffix of the result files (the machine)")
     ap.add_argument("--one", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.one:
-        b, c = map(int, a.one.split(","))
-        print(json.dumps(one(b, c, a.steps, a.data_dir)))
+        b, c, precision, docs = a.one.split(",")
+        print(json.dumps(one(int(b), int(c), a.steps, a.data_dir, precision, int(docs))))
         return
-    rows = []
-    for b, c in [(32, 0), (32, 16), (256, 0), (256, 16)]:
-        r = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "benchmarks.training",
-                "--one",
-                f"{b},{c}",
-                "--steps",
-                str(a.steps),
-                "--data-dir",
-                a.data_dir,
-            ],
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        rows.append(json.loads(r.stdout.strip().splitlines()[-1]))
+    if a.precision:
+        m = machine()
+        rows = [_run_one(32, 0, a.steps, a.data_dir, p, 8) for p in ("no", "bf16")]
+        name = "training-precision" + (f"-{a.tag}" if a.tag else "")
+        save(name, {"machine": m, "steps": a.steps, "rows": rows}, precision_table(rows, m, a.steps))
+        return
+    rows = [_run_one(b, c, a.steps, a.data_dir) for b, c in [(32, 0), (32, 16), (256, 0), (256, 16)]]
     base = {r["batch"]: r for r in rows if r["chunk"] == 0}
     md = [
         f"# Dual-encoder training: throughput and peak memory (MiniLM-L6, fp32, {machine()['cpu']}, {machine()['date']})",
