@@ -85,3 +85,19 @@ def test_pooling_refuses_seeds_of_different_examples(cr):
         cr.pool([{"idx": [0, 1], "correct": [1, 0]}, {"idx": [1, 0], "correct": [1, 0]}])
     with pytest.raises(ValueError, match="different kinds"):
         cr.pool([{"idx": [0], "correct": [1]}, {"per_query_logprob": [-1.0]}])
+
+
+def test_a_runs_selection_slice_pairs_as_a_dense_row(cr, tmp_path):
+    """``<run>/select/per_example.jsonl:<retriever>`` (the committed copy here) gives the select report's own gain
+    and p; slices of other examples are refused."""
+    folder = ROOT / "results" / "mtop-default-recipe"
+    want = json.loads((folder / "select-report.json").read_text())["rows"]["hybrid"]
+    sl = folder / "rows" / "select-per_example.jsonl.gz"
+    d = cr.compare(cr.load_side(f"{sl}:bm25"), cr.load_side(f"{sl}:hybrid"))
+    assert d["gain"] == pytest.approx(want["gain"]) and d["p_wilcoxon"] == pytest.approx(want["p"])
+    other = tmp_path / "per_example.jsonl"
+    other.write_text("".join(json.dumps({"idx": i + 10**6, "bm25": -1.0}) + "\n" for i in range(d["n"])))
+    with pytest.raises(ValueError, match="same examples"):
+        cr.compare(cr.load_side(f"{sl}:bm25"), cr.load_side(f"{other}:bm25"))
+    with pytest.raises(ValueError, match="no 'sbert' column"):
+        cr.load_side(f"{sl}:sbert")

@@ -11,6 +11,9 @@ Exact-match rows (``em-*.json.gz``: ``idx``, ``correct``): both exact-match rate
 exact McNemar p. The rows must hold the same examples (same count; EM rows: the same ``idx`` in the same order);
 examples either row could not score (``null``) are left out of the dense comparison, and counted.
 
+A run's selection slice pairs as a dense row: ``runs/x/select/per_example.jsonl:hybrid`` (examples paired by ``idx``;
+two runs' slices must be the same examples).
+
 Either side may be several rows (training seeds) joined by commas: they are pooled per example as the curve's pooled
 rows are (dense: the seeds' mean gold log-prob; exact match: the seeds' mean correctness), so that each example
 counts once; the exact-match test is then the exact sign test on the examples where the pooled means differ (with
@@ -56,15 +59,37 @@ def pool(rows: list[dict], name: str = "rows") -> dict:
     raise ValueError(f"{name}: rows of different kinds (dense and exact match) cannot be pooled")
 
 
+def load_select(path: Path, retriever: str) -> dict:
+    """A run's selection slice (``<run>/select/per_example.jsonl``: ``idx`` and each retriever's gold log-prob) as a
+    dense row of ``retriever``, in ``idx`` order, so two runs' slices pair example by example."""
+    raw = path.read_bytes()
+    text = (gzip.decompress(raw) if path.name.endswith(".gz") else raw).decode()
+    rows = sorted((json.loads(x) for x in text.splitlines() if x.strip()), key=lambda r: r["idx"])
+    if not rows or retriever not in rows[0]:
+        raise ValueError(f"{path}: no {retriever!r} column (has {sorted(rows[0]) if rows else 'no rows'})")
+    return {"per_query_logprob": [r[retriever] for r in rows], "idx": [r["idx"] for r in rows]}
+
+
+def load_one(spec: str) -> dict:
+    """A row file, or ``<run>/select/per_example.jsonl:<retriever>`` (a run's selection slice)."""
+    if ".jsonl:" in spec or ".jsonl.gz:" in spec:
+        path, retriever = spec.rsplit(":", 1)
+        return load_select(Path(path), retriever)
+    return load(Path(spec))
+
+
 def load_side(spec: str) -> dict:
-    """One side of the comparison: a row file, or several (seeds) joined by commas, pooled per example."""
-    return pool([load(Path(p)) for p in spec.split(",") if p], spec)
+    """One side of the comparison: a row file (or a selection slice's column), or several (seeds) joined by commas,
+    pooled per example."""
+    return pool([load_one(p) for p in spec.split(",") if p], spec)
 
 
 def compare(a: dict, b: dict, name_a: str = "A", name_b: str = "B") -> dict:
     """B against A on the same examples (dense rows or exact-match rows; see the module doc)."""
     if "per_query_logprob" in a and "per_query_logprob" in b:
         la, lb = a["per_query_logprob"], b["per_query_logprob"]
+        if "idx" in a and "idx" in b and a["idx"] != b["idx"]:
+            raise ValueError(f"{name_a} and {name_b} do not hold the same examples (idx)")
         if len(la) != len(lb):
             raise ValueError(f"{name_a} holds {len(la)} examples, {name_b} {len(lb)}: not the same examples")
         both = [(x, y) for x, y in zip(la, lb) if x is not None and y is not None]
