@@ -289,6 +289,11 @@ def test_a_warm_start_keys_only_the_rounds_it_starts(tmp_path, tiny, tiny_lm_dir
     assert warm[0] == base[0] == short[0]
     assert len({base[1], warm[1], short[1]}) == 3 and len({base[2], warm[2], short[2]}) == 3
     assert _encoder_fps(make(tmp_path, tiny, tiny_lm_dir, minilm_dir, *sets, "train.warm_epochs=3")) == base
+    # issue 48's third round: a change to round 2's encoder alone (round 1 and round 2's labels as they were) re-mines
+    # round 3, and only round 3
+    cands = _fp(tmp_path, tiny, tiny_lm_dir, minilm_dir)
+    warm_cands = _fp(tmp_path, tiny, tiny_lm_dir, minilm_dir, "train.init=previous")
+    assert (warm_cands[1], warm_cands[2]) == (cands[1], cands[2]) and warm_cands[3] != cands[3]
 
 
 def test_a_warm_started_round_trains_from_the_round_before(
