@@ -201,6 +201,47 @@ class LMOracleRetriever:
 KNOWN = RETRIEVERS  # the names a config may use
 
 
+def pool_embeddings(de, encoder: str | Path, texts: list[str], cache_root: Path | None) -> np.ndarray:
+    """The prompt tower's embeddings of the pool's demonstrations, computed once per trained encoder and pool and
+    kept in ``<run_root>/.cache/pool_embeddings/`` (select, retrieve and the next round's mining embed the same
+    pool with the same encoder). Keyed by the content of the encoder's files (weights, tokenizer, its
+    ``dual_encoder.json``: max length, similarity, fields) and of the texts, so a retrained encoder or an edited
+    pool is never served another's embeddings. ``cache_root`` None: computed, not kept."""
+    import hashlib
+    import io
+
+    from epr.artifacts import atomic_write_bytes
+    from epr.cache import cached_digest, fingerprint
+
+    if cache_root is None:
+        return de.encode(texts, "prompt", progress=True)
+    files = sorted(f for f in Path(encoder).rglob("*") if f.is_file())
+    h = hashlib.sha256()
+    for t in texts:
+        h.update(t.encode("utf-8") + b"\0")
+    key = fingerprint(
+        {
+            "encoder": {str(f.relative_to(encoder)): cached_digest(f, full=True) for f in files},
+            "texts": [len(texts), h.hexdigest()],
+            "side": "prompt",
+        }
+    )
+    path = Path(cache_root) / "pool_embeddings" / f"{key}.npy"
+    if path.exists():
+        emb = np.load(path)
+        if emb.shape[0] == len(texts):
+            log.info("pool embeddings of %d demonstrations served by %s", len(texts), path)
+            return emb
+    emb = de.encode(texts, "prompt", progress=True)
+    buf = io.BytesIO()
+    np.save(buf, emb)
+    try:
+        atomic_write_bytes(path, buf.getvalue())
+    except OSError as e:  # a read-only run root (a shipped retriever): served, not kept
+        log.warning("pool embeddings not kept in %s: %s", path.parent, e)
+    return emb
+
+
 def make_retriever(
     name: str, pool: Sequence[Example], task, cfg, encoder: str | None = None, loaded: dict | None = None
 ) -> Retriever:
@@ -239,7 +280,8 @@ def make_retriever(
         de = loaded[str(encoder)]
         key = (str(encoder), "pool")  # epr and hybrid in one run encode the pool once
         if key not in loaded or loaded[key][0] is not pool:  # the pool object kept beside its embeddings
-            loaded[key] = (pool, de.encode([de.demo(task, e) for e in pool], "prompt", progress=True))
+            texts = [de.demo(task, e) for e in pool]
+            loaded[key] = (pool, pool_embeddings(de, encoder, texts, Path(cfg.run_root) / ".cache"))
         pool_emb = loaded[key][1]
         return DenseRetriever(
             name, pool_emb, lambda texts: de.encode(list(texts), "query"), cfg.retrieve.index_factory

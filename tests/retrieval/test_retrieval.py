@@ -53,9 +53,11 @@ def all_retrievers(demo, tmp_path_factory, minilm_dir, tiny_lm_dir):
     from epr.encoder.model import DualEncoder
 
     task, pool, _ = demo
-    enc = tmp_path_factory.mktemp("run") / "model"
+    run = tmp_path_factory.mktemp("run")
+    enc = run / "model"
     DualEncoder.from_pretrained(minilm_dir).save_pretrained(enc)  # an untrained dual encoder
-    cfg = load_config([], [f"models.encoder={minilm_dir}", f"models.lm={tiny_lm_dir}", "candidates.L=12"])
+    sets = [f"models.encoder={minilm_dir}", f"models.lm={tiny_lm_dir}", "candidates.L=12", f"run_root={run}"]
+    cfg = load_config([], sets)
     loaded: dict = {}
     return {
         n: make_retriever(n, pool, task, cfg, enc if n in ("epr", "dr-bm25", "hybrid") else None, loaded)
@@ -160,3 +162,43 @@ def test_metrics_on_hand_made_cases():
     )
     m, lo, hi = mean_ci([100, 0, 100, 100])
     assert m == 75 and 0 <= lo <= m <= hi <= 100
+
+
+def test_pool_embeddings_are_kept_per_encoder_and_pool(demo, tmp_path, minilm_dir, monkeypatch):
+    """The pool is embedded once per trained encoder and pool (select, retrieve and mining share it), value for
+    value; a changed encoder (its weights) or a changed demonstration is embedded anew, never served the old."""
+    import torch
+
+    from epr.encoder.model import DualEncoder
+    from epr.retrieval.retrievers import pool_embeddings
+
+    task, pool, _ = demo
+    enc = tmp_path / "model"
+    de = DualEncoder.from_pretrained(minilm_dir)
+    de.save_pretrained(enc)
+    calls = []
+    real = DualEncoder.encode
+
+    def counted(self, texts, side, *a, **k):
+        calls.append(len(texts))
+        return real(self, texts, side, *a, **k)
+
+    monkeypatch.setattr(DualEncoder, "encode", counted)
+    texts = [de.demo(task, e) for e in pool]
+    cache = tmp_path / ".cache"
+    first = pool_embeddings(de, enc, texts, cache)
+    again = pool_embeddings(DualEncoder.from_pretrained(str(enc)), enc, texts, cache)
+    assert calls == [len(texts)] and np.array_equal(first, again)
+    assert np.array_equal(first, real(de, texts, "prompt"))  # what the encoder itself gives
+    edited = texts[:-1] + [texts[-1] + " (edited)"]
+    pool_embeddings(de, enc, edited, cache)
+    assert calls == [len(texts)] * 2
+    with torch.no_grad():  # a retrained encoder in the same folder
+        next(de.p_model.parameters()).add_(0.01)
+    de.save_pretrained(enc)
+    moved = pool_embeddings(de, enc, texts, cache)
+    assert calls == [len(texts)] * 3 and not np.array_equal(moved, first)
+    # the retrievers built by make_retriever read the same cache: a fresh process (no ``loaded``) embeds nothing
+    cfg = load_config([], [f"models.encoder={minilm_dir}", f"run_root={tmp_path}", "candidates.L=12"])
+    make_retriever("epr", pool, task, cfg, str(enc), {})
+    assert len(calls) == 3
