@@ -121,6 +121,36 @@ def _run(folder: Path, exp: Experiment) -> tuple[dict[str, dict], list[str]]:
     return got, problems
 
 
+def _slices(folder: Path, exp: Experiment) -> tuple[dict[str, dict], list[str]]:
+    """Runs' selection slices (``rows/select-<variant>.jsonl.gz``, a run's ``select/per_example.jsonl``: gold
+    log-prob per held-out pool example and retriever), for choices made on the training pool: a row per variant and
+    retriever (``bf16:hybrid``: its mean), and per ``extra.pairs`` entry ``"A B"`` (``fp32:hybrid bf16:hybrid``) a
+    row ``B-vs-A`` with the paired gain, its 95% bootstrap interval and the Wilcoxon p (``compare_rows``)."""
+    from epr.experiments.compare_rows import compare, load_select
+
+    got: dict[str, dict] = {}
+    problems: list[str] = []
+    loaded: dict[str, dict] = {}
+
+    def side(spec: str) -> dict:
+        variant, retriever = spec.split(":")
+        if spec not in loaded:
+            loaded[spec] = load_select(folder / "rows" / f"select-{variant}.jsonl.gz", retriever)
+            vals = [v for v in loaded[spec]["per_query_logprob"] if v is not None]
+            got[spec] = {"gold_logprob": float(np.mean(vals)), "n": len(vals)}
+        return loaded[spec]
+
+    for pair in exp.extra.get("pairs", []):
+        a, b = pair.split()
+        try:
+            r = compare(side(a), side(b), a, b)
+        except (OSError, ValueError) as e:
+            problems.append(f"pair {pair!r}: {e}")
+            continue
+        got[f"{b}-vs-{a}"] = {k: r[k] for k in ("n", "gain", "gain_ci", "median_gain", "win_rate", "p_wilcoxon")}
+    return got, problems
+
+
 def _differs(want: Any, got: Any, path: str = "") -> str | None:
     """Where two JSON values differ (numbers to float rounding, the rest exactly); None when they agree."""
     if isinstance(want, Mapping) and isinstance(got, Mapping):
@@ -164,6 +194,8 @@ def recompute(exp: Experiment) -> tuple[dict[str, dict], list[str]]:
         return _curve(exp.folder)
     if exp.kind == "run":
         return _run(exp.folder, exp)
+    if exp.kind == "slices":
+        return _slices(exp.folder, exp)
     return {}, []
 
 

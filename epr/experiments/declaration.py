@@ -41,7 +41,7 @@ STATUSES = (
     "diagnostic",
     "planned",
 )  # planned: pre-registered, not run
-KINDS = ("curve", "run", "other")
+KINDS = ("curve", "run", "slices", "other")
 LOCKED = ("locked", "dialogue-locked", "test")  # splits where every look is counted
 # from here on, a look at a locked split is made once, after a pre-registration committed before it runs
 PREREGISTERED_FROM = "2026-11-26 22:00"

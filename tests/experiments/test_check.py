@@ -181,3 +181,42 @@ def test_record_remakes_a_committed_run_folder_value_for_value(tmp_path):
     was, now = load(src), load(dest)
     assert (now.title, now.outcome, now.status) == (was.title, was.outcome, was.status)
     assert {(t.row, t.field) for t in now.tests} == {(t.row, t.field) for t in was.tests}
+
+
+def test_a_slices_folder_recomputes_its_pairs_and_fails_on_a_changed_value(tmp_path):
+    """``kind: slices``: runs' selection slices (choices made on held-out pool examples), paired by ``idx``; the
+    committed MTOP select slice as variant A, and B the same examples with hybrid 0.5 nats higher on each."""
+    src = RESULTS / "mtop-default-recipe" / "rows" / "select-per_example.jsonl.gz"
+    rows = [json.loads(x) for x in gzip.decompress(src.read_bytes()).splitlines()]
+    folder = tmp_path / "results" / "slices"
+    (folder / "rows").mkdir(parents=True)
+
+    def put(name, rs):
+        (folder / "rows" / f"select-{name}.jsonl.gz").write_bytes(
+            gzip.compress("".join(json.dumps(r) + "\n" for r in rs).encode())
+        )
+
+    put("a", rows)
+    put("b", [{**r, "hybrid": r["hybrid"] + 0.5} for r in reversed(rows)])  # another order: paired by idx
+    decl = {
+        "title": "t",
+        "dataset": "mtop",
+        "split": "dev",
+        "status": "diagnostic",
+        "date": "2026-11-27",
+        "kind": "slices",
+        "outcome": "b is 0.5 nats above a",
+        "extra": {"pairs": ["a:hybrid b:hybrid", "a:bm25 a:hybrid"]},
+        "expected": [
+            {"row": "b:hybrid-vs-a:hybrid", "field": "gain", "value": 0.5, "tol": 1e-9},
+            {"row": "a:hybrid-vs-a:bm25", "field": "gain", "value": 1.3513003, "tol": 1e-6},
+        ],
+    }
+    (folder / "experiment.yaml").write_text(declare.dump(decl))
+    assert checking.check(folder) == []
+    got, _ = checking.recompute(load(folder))
+    assert got["b:hybrid-vs-a:hybrid"]["win_rate"] == 1.0 and got["a:hybrid"]["n"] == len(rows)
+    put("b", [{**r, "hybrid": r["hybrid"] + (0.5 if i else 0.6)} for i, r in enumerate(rows)])
+    assert any("b:hybrid-vs-a:hybrid.gain" in p for p in checking.check(folder))
+    put("b", [{**r, "idx": r["idx"] + 1} for r in rows])  # other examples
+    assert any("same examples" in p for p in checking.check(folder))
