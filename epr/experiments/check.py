@@ -147,7 +147,9 @@ def _slices(folder: Path, exp: Experiment) -> tuple[dict[str, dict], list[str]]:
         except (OSError, ValueError) as e:
             problems.append(f"pair {pair!r}: {e}")
             continue
-        got[f"{b}-vs-{a}"] = {k: r[k] for k in ("n", "gain", "gain_ci", "median_gain", "win_rate", "p_wilcoxon")}
+        got[f"{b}-vs-{a}"] = {
+            k: r[k] for k in ("n", "gain", "gain_ci", "median_gain", "win_rate", "p_wilcoxon")
+        }
     return got, problems
 
 
