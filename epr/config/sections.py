@@ -236,18 +236,19 @@ class TrainConfig:
     )
     grad_accum: int = opt(1, "gradient accumulation steps", ge=1)
     mixed_precision: str = opt(
-        "no",
-        "accelerate's mixed precision (auto: bf16 where the hardware runs it fast, as models.dtype: auto)",
+        "auto",
+        "accelerate's mixed precision (auto: bf16 where the hardware runs it fast, as models.dtype: auto; "
+        "results/mtop-cheaper-training)",
         ("no", "bf16", "auto"),
     )
     init: str = opt(
-        "base",
+        "previous",
         "what round r + 1 (candidates re-mined by round r's encoder) starts from: base (models.encoder) | previous "
         "(the mining round's trained encoder, a warm start)",
         ("base", "previous"),
     )
     warm_epochs: int | None = opt(
-        None, "epochs of a warm-started round (train.init: previous); null: train.epochs", ge=1
+        1, "epochs of a warm-started round (train.init: previous); null: train.epochs", ge=1
     )
     seed: int = opt(42, "seed of the training order, the sampled documents and the dev split", **SEED)
     dev_size: int = opt(100, "labelled instances held out for recall@k / MRR (0: none)", ge=0)
