@@ -42,6 +42,7 @@ from epr.encoder.data import sample_group, sample_pair, split_dev, token_lengths
 from epr.encoder.dev_metric import best_epoch, evaluate, plot_history
 from epr.encoder.losses import gather_keep_local_grad, gather_plain, grad_cache_backward, group_loss
 from epr.encoder.model import DualEncoder
+from epr.encoder.settings import effective_train
 
 __all__ = ["TrainingData", "train", "get_dataloader", "make_batch", "compute_loss", "sum_gradients"]
 
@@ -154,20 +155,6 @@ class TrainingData:
     task: Any
     labels: list
     candidates: dict[int, list[int]]
-
-
-def effective_train(tc, warm: bool):
-    """``train`` as it acts: ``mixed_precision: auto`` resolved on this machine (bf16 where ``models.dtype: auto``
-    would run bf16, else no), and a warm-started round's epochs (``warm_epochs``)."""
-    import dataclasses
-
-    from epr.lm.identity import default_device, resolve_dtype
-
-    mp = tc.mixed_precision
-    if mp == "auto":
-        mp = "bf16" if resolve_dtype("auto", default_device()) == "bf16" else "no"
-    epochs = tc.warm_epochs if warm and tc.warm_epochs is not None else tc.epochs
-    return dataclasses.replace(tc, mixed_precision=mp, epochs=epochs)
 
 
 def train(

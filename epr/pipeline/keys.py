@@ -142,7 +142,7 @@ def _encoder_keys(ctx: Context) -> dict:
     """The training settings as they act on this round: mixed precision resolved on this machine (``auto`` keys as
     what it runs, so a machine that trains in fp32 keeps the keys from before the option), and the warm start only
     where there is an earlier encoder to start from (round 1 trains from ``models.encoder`` whatever ``init`` says)."""
-    from epr.encoder.train import effective_train
+    from epr.encoder.settings import effective_train
     from epr.stages.encoder import warm_start_dir
 
     tc = effective_train(ctx.cfg.train, warm_start_dir(ctx) is not None)
