@@ -145,10 +145,11 @@ def _encoder_keys(ctx: Context) -> dict:
     from epr.encoder.settings import effective_train
     from epr.stages.encoder import warm_start_dir
 
-    tc = effective_train(ctx.cfg.train, warm_start_dir(ctx) is not None)
+    warm = warm_start_dir(ctx) is not None
+    tc = effective_train(ctx.cfg.train, warm)
     train = {k: v for k, v in section_keys(ctx, "train").items() if k not in ("init", "warm_epochs")}
     train["mixed_precision"] = tc.mixed_precision
     train["epochs"] = tc.epochs
-    if warm_start_dir(ctx) is not None:
+    if warm:
         train["init"] = "previous"
     return {"train": train, "encoder": ctx.cfg.models.encoder}
