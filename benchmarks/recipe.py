@@ -44,7 +44,15 @@ def stage_rows(run_dir: Path) -> list[dict]:
             speed = m.get("scoring_speed")
             if speed:
                 work["scored_here"] = speed.get("scored_here")
-            rows.append({"stage": prefix + m["stage"], "seconds": m["seconds"], "work": work})
+            rows.append(
+                {
+                    "stage": prefix + m["stage"],
+                    "seconds": m["seconds"],
+                    "work": work,
+                    "dir": str(man.parent),
+                    "manifest": m,
+                }
+            )
     return rows
 
 
@@ -55,23 +63,58 @@ def table(rows: list[dict], info: dict) -> str:
         "",
         f"Machine: {info['machine']}. Measured in the same run: matmul peak {info['peak_fp32']:.2f} TFLOP/s fp32, "
         f"{info['peak_bf16']:.2f} bf16; read bandwidth {info['bandwidth_gbps']:.1f} GB/s. Peak RSS "
-        f"{info['peak_rss_mb']:.0f} MB.",
+        + (
+            f"{info['peak_rss_mb']:.0f} MB."
+            if info["peak_rss_mb"]
+            else "not measured (read from a finished run)."
+        ),
         "",
-        "| stage | seconds | share | work |",
-        "|---|---|---|---|",
+        "| stage | seconds | share | work | tokens | dtype | TFLOP | fraction of the matmul peak |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         work = ", ".join(f"{k} {v}" for k, v in r["work"].items())
+        flops = f"{r['flops'] / 1e12:.1f}" if "flops" in r else ""
+        frac = f"{r['fraction']:.2f}" if r.get("fraction") is not None else ""
         lines.append(
-            f"| {r['stage']} | {r['seconds']:.0f} | {r['seconds'] / max(total, 1e-9):.0%} | {work} |"
+            f"| {r['stage']} | {r['seconds']:.0f} | {r['seconds'] / max(total, 1e-9):.0%} | {work} | "
+            f"{r.get('tokens', '')} | {r.get('dtype', '')} | {flops} | {frac} |"
         )
     verdict = "within" if total <= BAR_S else "over"
+    floor = sum(r["flops"] / (info[f"peak_{r['dtype']}"] * 1e12) for r in rows if r.get("flops"))
+    counted = sum(r["seconds"] for r in rows if r.get("flops"))
     lines += [
+        "",
+        f"The counted stages take {counted / 60:.1f} min; at 100% of the matmul peak their FLOPs would take "
+        f"{floor / 60:.1f} min (a floor: decoding is bound by memory, not FLOPs).",
+        "",
+        "Work is counted from the run's artifacts (`benchmarks/recipe_work.py`): label scoring counts the sequences no "
+        "earlier round scored, at 2 x the LM's non-embedding parameters per token (dense-equivalent: prefix sharing "
+        "computes each demonstration once, so its real FLOPs are fewer); training 6 x the encoder's per token; predict "
+        "the prompt + gold tokens prefilled and the tokens generated (decoding is bound by reading the weights, not by "
+        "FLOPs: its bound is `benchmarks.generate`'s).",
         "",
         f"Stages' total: {total / 60:.1f} min ({verdict} the 45-minute bar); wall time of the command: "
         f"{info['wall_s'] / 60:.1f} min (model loading and start-up between stages included).",
         "",
     ]
+    if info.get("estimates"):
+        lines += [
+            "**Estimated, not measured**: the same stages on other machines, each stage's time here times its kind's "
+            "time there over time here, read off committed benchmarks of both machines (`benchmarks/recipe_work.py`, "
+            "`ESTIMATES`: LM prefill from the scoring benchmark, or the matmul peak where that is all there is; "
+            "generation from the lean decoder's; training as LM prefill).",
+            "",
+            "| machine | label scoring + select | generation | training | stages' total |",
+            "|---|---|---|---|---|",
+        ]
+        for name, e in info["estimates"].items():
+            f = e["factors"]
+            lines.append(
+                f"| {name} | x{f['lm']:.2f} | x{f['predict']:.2f} | x{f['encoder']:.2f} | "
+                f"{e['total_s'] / 60:.0f} min |"
+            )
+        lines.append("")
     return "\n".join(lines)
 
 
@@ -83,12 +126,22 @@ def main() -> None:
     ap.add_argument("--import-scores", action="append", default=[], help="epr cache import FILE first")
     ap.add_argument("--from-run", help="only read this finished run folder's manifests (no run)")
     ap.add_argument("--name", default=None, help="result file name (default: the config's name)")
+    ap.add_argument(
+        "--raw", help="with --from-run: the raw JSON of the benchmark that made the run (its wall time, RSS)"
+    )
     a = ap.parse_args()
     sets = [*a.set]
     epr = [sys.executable, "-m", "epr.cli"]
     t0 = time.time()
+    from epr.config import load_config
+
     if a.from_run:
         run_dir = Path(a.from_run)
+        sets.append(f"run_root={run_dir.parent}")
+        if load_config([a.config], sets).run_dir.resolve() != run_dir.resolve():
+            sys.exit(
+                f"{run_dir}: not the run folder of {a.config} with these --set values (its name differs)"
+            )
         command = f"epr run -c {a.config} " + " ".join(f"--set {s}" for s in sets)
     else:
         root = Path(a.run_root)
@@ -100,8 +153,6 @@ def main() -> None:
             subprocess.run([*epr, "cache", "import", *cfg, f], check=True)
         command = " ".join(["epr", "run", *cfg])
         subprocess.run([*epr, "run", *cfg], check=True)
-        from epr.config import load_config
-
         run_dir = load_config([a.config], sets).run_dir
     wall = time.time() - t0
     import torch
@@ -109,14 +160,27 @@ def main() -> None:
     info = {
         "command": command,
         "machine": describe(machine()),
-        "peak_fp32": matmul_tflops(torch.float32),
-        "peak_bf16": matmul_tflops(torch.bfloat16),
+        "peak_fp32": max(matmul_tflops(torch.float32) for _ in range(3)),
+        "peak_bf16": max(matmul_tflops(torch.bfloat16) for _ in range(3)),
         "bandwidth_gbps": memory_gbps(),
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
         "wall_s": wall if not a.from_run else sum(r["seconds"] for r in stage_rows(run_dir)),
         "from_run": bool(a.from_run),
     }
+    if a.from_run and a.raw:
+        first = json.loads(Path(a.raw).read_text())["info"]
+        info.update(
+            command=first["command"], wall_s=first["wall_s"], peak_rss_mb=first["peak_rss_mb"], from_run=False
+        )
+    from benchmarks.recipe_work import run_work
+
     rows = stage_rows(run_dir)
+    run_work(load_config([a.config], sets), rows, {"fp32": info["peak_fp32"], "bf16": info["peak_bf16"]})
+    if "Zen 4" in info["machine"]:  # the estimates' "here" benchmarks are a Zen 4's
+        from benchmarks.common import RESULTS
+        from benchmarks.recipe_work import estimate
+
+        info["estimates"] = estimate(rows, RESULTS)
     save(f"recipe-{a.name or run_dir.name}", {"info": info, "stages": rows}, table(rows, info))
 
 

@@ -31,3 +31,78 @@ def test_stage_rows_lists_each_round_then_the_run(tmp_path):
     info = {"command": "epr run", "machine": "m", "peak_fp32": 1.0, "peak_bf16": 2.0, "bandwidth_gbps": 30.0}
     md = table(rows, {**info, "peak_rss_mb": 900.0, "wall_s": 2100.0})
     assert "| round-1/encoder | 1000 |" in md and "34.3 min (within the 45-minute bar)" in md
+
+
+def _ws_tok(texts, add_special_tokens=True):
+    """A whitespace tokenizer (one id per word, plus one special token when asked)."""
+    return {"input_ids": [[0] * (len(t.split()) + int(add_special_tokens)) for t in texts]}
+
+
+def test_predict_work_counts_prefill_gold_and_generated_tokens(tmp_path):
+    from benchmarks.recipe_work import predict_work
+    from epr.types import Example
+
+    class Task:
+        def format_target(self, y):
+            return y
+
+    prompts, pred = tmp_path / "prompts", tmp_path / "predict"
+    prompts.mkdir(), pred.mkdir()
+    (prompts / "bm25.jsonl").write_text(
+        json.dumps({"idx": 3, "n_tokens": 10}) + "\n" + json.dumps({"idx": 5, "n_tokens": 20}) + "\n"
+    )
+    (pred / "bm25.jsonl").write_text(
+        json.dumps({"idx": 3, "prediction": "a b"}) + "\n" + json.dumps({"idx": 5, "prediction": ""}) + "\n"
+    )
+    (prompts / "sbert.jsonl").write_text(
+        json.dumps({"idx": 3, "n_tokens": 7}) + "\n"
+    )  # not predicted: left out
+    ev = {3: Example(3, "x", "g h i"), 5: Example(5, "x", "j")}
+    w = predict_work(pred, prompts, Task(), _ws_tok, ev)
+    # prefill: prompts 10 + 20, gold 3 + 1; generated: (2 + 1) + (0 + 1) with the stop token
+    assert w == {"rows": 2, "prefill_tokens": 34, "generated_tokens": 4, "tokens": 38}
+
+
+def test_estimates_read_time_and_rate_ratios(tmp_path):
+    from benchmarks.recipe_work import estimate, factors
+
+    (tmp_path / "here.json").write_text(
+        json.dumps({"tok_s": 100.0, "runs": {"lean": {"seconds": 50.0, "n": 100}}})
+    )
+    (tmp_path / "there.json").write_text(
+        json.dumps({"tok_s": 200.0, "runs": {"lean": {"seconds": 90.0, "n": 300}}})
+    )
+    src = {
+        "lm": ("there.json", "tok_s", "here.json", "tok_s", "rate"),
+        "predict": ("there.json", "runs.lean.seconds", "here.json", "runs.lean.seconds", "time"),
+    }
+    f = factors(tmp_path, src)
+    assert f["lm"] == 0.5  # twice the rate there: half the time
+    assert abs(f["predict"] - 0.6) < 1e-12  # 0.3 s a prompt there vs 0.5 here
+    import benchmarks.recipe_work as rw
+
+    old = rw.ESTIMATES
+    rw.ESTIMATES = {"m": src}
+    try:
+        rows = [{"stage": "round-1/scores", "seconds": 100.0}, {"stage": "predict", "seconds": 10.0}]
+        rows.append({"stage": "labels", "seconds": 1.0})  # no kind: keeps its time
+        assert abs(estimate(rows, tmp_path)["m"]["total_s"] - (50.0 + 6.0 + 1.0)) < 1e-9
+    finally:
+        rw.ESTIMATES = old
+
+
+def test_fraction_of_peak():
+    from benchmarks.recipe_work import fraction
+
+    assert fraction(2e12, 10.0, 0.4) == 0.5
+    assert fraction(1.0, 0.0, 0.4) is None
+
+
+def test_every_estimate_reads_committed_benchmarks():
+    """The estimates' sources are files and fields of benchmarks/results (a renamed file or field fails here)."""
+    from benchmarks.common import RESULTS
+    from benchmarks.recipe_work import ESTIMATES, factors
+
+    for name, src in ESTIMATES.items():
+        f = factors(RESULTS, src)
+        assert set(f) == {"lm", "predict", "encoder"} and all(0.1 < v < 10 for v in f.values()), name

@@ -1,0 +1,256 @@
+"""The work each stage of a finished run did, counted from its artifacts, and its fraction of the machine's limit.
+
+``benchmarks.recipe`` times the stages from their manifests; this module counts what they computed, so a reader
+can see how far each stage is from what the hardware allows:
+
+- ``scores`` (label scoring), per round: the sequences scored *here* (not served by the score cache, i.e. not
+  already scored by an earlier round) and their tokens. FLOPs are dense-equivalent, 2 x the LM's non-embedding
+  parameters per token: prefix sharing computes each demonstration once, so the real FLOPs are fewer and the
+  fraction can pass what plain batching would reach.
+- ``encoder`` (training): steps x batch x (query + ``train.list_size`` demonstrations) encoder tokens, at 6 x the
+  encoder's non-embedding parameters per token (forward and backward; the two towers are each that size).
+- ``predict`` (generation with the gold pass read off the same prefill): prompt + gold tokens prefilled, generated
+  tokens decoded, 2 x the LM's non-embedding parameters per token. Decoding is bound by reading the weights, not
+  by FLOPs, so this stage's FLOP fraction is low by nature; its bound is in ``benchmarks.generate``.
+- ``select``: the held-out slice's prompts (BM25 and each learned retriever), gold pass only.
+
+The fraction divides those FLOPs by the stage's seconds x the matmul peak of the dtype it ran in, measured in the
+same process as the run (``benchmarks.common.matmul_tflops``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from epr.artifacts import read_jsonl
+
+
+def _tokens(tok, texts: list[str], special: bool = True) -> list[int]:
+    out = []
+    for i in range(0, len(texts), 4096):
+        enc = tok(texts[i : i + 4096], add_special_tokens=special)["input_ids"]
+        out += [len(x) for x in enc]
+    return out
+
+
+def nonembedding_params(model) -> int:
+    return sum(p.numel() for n, p in model.named_parameters() if "embed" not in n)
+
+
+def _dtype_of(manifest: dict, key: str = "dtype") -> str:
+    cfg = manifest.get("config", {})
+    lm = cfg.get("lm", cfg)
+    return (lm.get(key) if isinstance(lm, dict) else None) or cfg.get(key) or "fp32"
+
+
+def scores_work(ctx, lm_tok) -> dict[int, dict]:
+    """Per round (1, 2, ...): sequences and tokens scored, and those new to the run (no earlier round scored them)."""
+    from epr.lm.score_cache import pair_key
+    from epr.stages.scores import scored_pairs
+
+    seen: set[str] = set()
+    out = {}
+    for r in ctx.rounds():
+        _, contexts, targets, _ = scored_pairs(
+            r.task, r.examples("pool"), r.rankings("candidates", "candidates.jsonl")
+        )
+        keys = [pair_key(c, t) for c, t in zip(contexts, targets)]
+        new = [i for i, k in enumerate(keys) if k not in seen]
+        seen.update(keys)
+        lens = _tokens(lm_tok, [contexts[i] for i in new])
+        lens = [a + b for a, b in zip(lens, _tokens(lm_tok, [targets[i] for i in new], special=False))]
+        out[r.round] = {"sequences": len(keys), "new_sequences": len(new), "new_tokens": int(sum(lens))}
+    return out
+
+
+def encoder_work(ctx, enc_tok, manifest: dict) -> dict:
+    """Training tokens: steps x batch x (query + list_size demonstrations), at mean encoder lengths (truncated at
+    ``train.max_length``) of the labelled queries and their candidates."""
+    from epr.encoder.data import demo_text
+
+    t = ctx.cfg.train
+    pool = ctx.examples("pool")
+    labels = list(read_jsonl(ctx.stage_dir("labels") / "labels.jsonl"))
+    q = _tokens(enc_tok, [pool[r["qid"]].input for r in labels])
+    cands = sorted({c for r in labels for c in r.get("cands", r.get("pos", []) + r.get("neg", []))})
+    d = _tokens(enc_tok, [demo_text(ctx.task, pool[c], t.demo_fields) for c in cands])
+    qm = sum(min(x, t.max_length) for x in q) / max(len(q), 1)
+    dm = sum(min(x, t.max_length) for x in d) / max(len(d), 1)
+    steps = manifest.get("steps_run", manifest.get("rows", {}).get("steps", 0))
+    per_instance = qm + (t.list_size if t.loss in ("listwise", "distill") else 2) * dm
+    return {
+        "steps": steps,
+        "tokens": int(steps * t.batch_size * per_instance),
+        "query_len": qm,
+        "demo_len": dm,
+    }
+
+
+def predict_work(stage_dir: Path, prompts_dir: Path, task, lm_tok, eval_examples: dict) -> dict:
+    """Prompt + gold tokens prefilled and generated tokens, over every retriever's rows."""
+    prefill = gen = rows = 0
+    for f in sorted(prompts_dir.glob("*.jsonl")):
+        prompts = {r["idx"]: r for r in read_jsonl(f)}
+        preds = list(read_jsonl(stage_dir / f.name)) if (stage_dir / f.name).exists() else []
+        if not preds:
+            continue
+        golds = _tokens(
+            lm_tok, [task.format_target(eval_examples[r["idx"]].output) for r in preds], special=False
+        )
+        made = _tokens(lm_tok, [r.get("prediction") or "" for r in preds], special=False)
+        prefill += sum(prompts[r["idx"]]["n_tokens"] for r in preds) + sum(golds)
+        gen += sum(m + 1 for m in made)  # + the stop token
+        rows += len(preds)
+    return {"rows": rows, "prefill_tokens": prefill, "generated_tokens": gen, "tokens": prefill + gen}
+
+
+def fraction(flops: float, seconds: float, peak_tflops: float) -> float | None:
+    return flops / (seconds * peak_tflops * 1e12) if seconds > 0 and peak_tflops > 0 else None
+
+
+def run_work(cfg, rows: list[dict], peaks: dict[str, float]) -> None:
+    """Adds ``flops``, ``tokens`` and ``fraction`` (of the matmul peak of the stage's dtype) to the rows of
+    ``benchmarks.recipe.stage_rows`` in place, for the stages this module counts."""
+    import torch  # noqa: F401  (the models)
+    from transformers import AutoModel, AutoTokenizer
+
+    from epr.context import Context
+    from epr.lm.models import load_lm, resolve_encoder
+    from epr.stages.retrieve import eval_examples
+
+    ctx = Context(cfg)
+    lm, lm_tok = load_lm(cfg.models.lm, dtype="fp32")
+    p_lm = nonembedding_params(lm)
+    del lm
+    enc_path = resolve_encoder(cfg.models.encoder)
+    enc_tok = AutoTokenizer.from_pretrained(enc_path)
+    p_enc = nonembedding_params(AutoModel.from_pretrained(enc_path))
+    by_round = {r.round: r for r in ctx.rounds()}
+    scored = scores_work(ctx, lm_tok)
+    for row in rows:
+        name = row["stage"]
+        rnd = int(name.split("/")[0].split("-")[1]) if name.startswith("round-") else ctx.round
+        stage = name.split("/")[-1]
+        here = by_round.get(rnd, ctx)
+        man = row.get("manifest", {})
+        if stage == "scores":
+            w = scored[rnd]
+            here_n = row["work"].get("scored_here")  # fewer where a score import served the run
+            n = w["new_sequences"] if here_n is None else min(here_n, w["new_sequences"])
+            tokens = round(w["new_tokens"] * n / max(w["new_sequences"], 1))
+            row["tokens"], row["flops"] = tokens, 2.0 * p_lm * tokens
+            row["work"]["new_sequences"] = w["new_sequences"]
+            row["dtype"] = _dtype_of(man)
+        elif stage == "encoder":
+            w = encoder_work(here, enc_tok, man)
+            row["tokens"], row["flops"] = w["tokens"], 6.0 * p_enc * w["tokens"]
+            row["dtype"] = (
+                "bf16" if man.get("config", {}).get("train", {}).get("mixed_precision") == "bf16" else "fp32"
+            )
+        elif stage == "predict":
+            d = Path(row["dir"])
+            ev = {e.idx: e for e in eval_examples(here)}
+            w = predict_work(d, d.parent / "prompts", here.task, lm_tok, ev)
+            row["tokens"], row["flops"] = w["tokens"], 2.0 * p_lm * w["tokens"]
+            row["work"].update(prefill_tokens=w["prefill_tokens"], generated_tokens=w["generated_tokens"])
+            row["dtype"] = _dtype_of(man)
+        else:
+            continue
+        row["fraction"] = fraction(row["flops"], row["seconds"], peaks.get(row["dtype"], 0.0))
+    for row in rows:
+        row.pop("manifest", None)
+    json.dumps(rows)  # every value is JSON
+
+
+# Other machines, estimated (not measured) from a run on a Zen 4 (the "here" files are that machine's): each stage's time here x (its kind's time there / time here), the
+# ratios read off committed benchmark runs of both machines (``benchmarks/results``). ``lm`` is LM prefill work
+# (label scoring, select's gold pass): the scoring benchmark's batched rate, or the matmul peak of the dtype each
+# machine runs (bf16 where it has it, else fp32) where no scoring benchmark of it is committed; ``predict`` the lean
+# decoder's time on the same prompts; ``encoder`` (bf16 training: no bf16 training benchmark of another machine is
+# committed) the scoring benchmark's bf16 rate, as ``lm``, or the matmul peak where that is all there is.
+# Each source: (file there, path, file here, path, "time" | "rate").
+ESTIMATES: dict[str, dict[str, tuple]] = {
+    "AMD EPYC Zen 5, 2 cores (AVX512-BF16)": {
+        "lm": ("scoring-zen5.json", "ours_tok_s", "scoring-zen4.json", "ours_tok_s", "rate"),
+        # Zen 5's lean decoder was measured in fp32 only: its bf16 time would be lower (a conservative estimate)
+        "predict": (
+            "generate-zen5.json",
+            "runs.lean-fp32.seconds",
+            "generate-zen4.json",
+            "runs.lean-bf16.seconds",
+            "time",
+        ),
+        "encoder": ("scoring-zen5.json", "ours_tok_s", "scoring-zen4.json", "ours_tok_s", "rate"),
+    },
+    "Intel Xeon with AMX, 2 cores": {
+        "lm": ("scoring.json", "ours_tok_s", "scoring-zen4.json", "ours_tok_s", "rate"),
+        "predict": (
+            "generate-xeon-amx-2core.json",
+            "runs.lean-bf16.seconds",
+            "generate-zen4.json",
+            "runs.lean-bf16.seconds",
+            "time",
+        ),
+        "encoder": ("scoring.json", "ours_tok_s", "scoring-zen4.json", "ours_tok_s", "rate"),
+    },
+    "AMD EPYC Zen 3, 2 cores (AVX2 only: fp32)": {
+        "lm": (
+            "generate-zen3-avx2.json",
+            "runs.lean-fp32.limits.matmul_tflops",
+            "scoring-zen4.json",
+            "matmul_tflops.bf16",
+            "rate",
+        ),
+        "predict": (
+            "generate-zen3-avx2.json",
+            "runs.lean-fp32.seconds",
+            "generate-zen4.json",
+            "runs.lean-bf16.seconds",
+            "time",
+        ),
+        "encoder": (
+            "generate-zen3-avx2.json",
+            "runs.lean-fp32.limits.matmul_tflops",
+            "scoring-zen4.json",
+            "matmul_tflops.bf16",
+            "rate",
+        ),
+    },
+}
+KIND = {"scores": "lm", "select": "lm", "predict": "predict", "encoder": "encoder", "retrieve": "encoder"}
+
+
+def _read(results: Path, file: str, path: str) -> float:
+    d = json.loads((results / file).read_text())
+    for k in path.split("."):
+        d = d[k]
+    return float(d)
+
+
+def _per_prompt(results: Path, file: str, path: str) -> float:
+    """A lean-decoder run's seconds per prompt (the runs differ in prompt count)."""
+    run = path.rsplit(".", 1)[0]
+    return _read(results, file, path) / _read(results, file, run + ".n")
+
+
+def factors(results: Path, sources: dict[str, tuple]) -> dict[str, float]:
+    """Time there / time here, per stage kind."""
+    out = {}
+    for kind, (f_there, p_there, f_here, p_here, how) in sources.items():
+        if how == "time":
+            out[kind] = _per_prompt(results, f_there, p_there) / _per_prompt(results, f_here, p_here)
+        else:
+            out[kind] = _read(results, f_here, p_here) / _read(results, f_there, p_there)
+    return out
+
+
+def estimate(rows: list[dict], results: Path) -> dict[str, dict]:
+    """Each machine of :data:`ESTIMATES`: its factors and the run's stages' total there, in seconds (stages of no
+    listed kind keep their time: they are seconds in all)."""
+    out = {}
+    for name, sources in ESTIMATES.items():
+        f = factors(results, sources)
+        total = sum(r["seconds"] * f.get(KIND.get(r["stage"].split("/")[-1], ""), 1.0) for r in rows)
+        out[name] = {"factors": f, "total_s": total}
+    return out
