@@ -2,6 +2,7 @@
 in ``<run>/rounds/round-r/``, fingerprinted by it, resumable on their own; and the ``select`` stage, which picks the
 served retriever on a held-out slice of the pool and never reads the evaluation examples."""
 
+import dataclasses
 import hashlib
 import json
 from pathlib import Path
@@ -351,3 +352,54 @@ def test_a_warm_started_round_trains_from_the_round_before(
     assert man["warm_start"] == str(r1_dir)
     assert [h["epoch"] for h in man["history"]] == [0, 1, 2]  # warm_epochs, not train.epochs (1)
     assert [h["epoch"] for h in read_manifest(warm.prev_round().stage_dir("encoder"))["history"]] == [0, 1]
+
+
+def _all_fps(ctx) -> dict[str, str]:
+    """Every stage fingerprint of a run: its rounds' stages as ``round-r/<stage>``, then its own."""
+    out = {}
+    for r in ctx.rounds()[:-1]:
+        out |= {f"round-{r.round}/{n}": pipeline.stage_fingerprint(r, n) for n in pipeline.ROUND_STAGES}
+    names = (
+        "candidates",
+        "scores",
+        "labels",
+        "encoder",
+        "retrieve",
+        "prompts",
+        "predict",
+        "select",
+        "evaluate",
+    )
+    return out | {n: pipeline.stage_fingerprint(ctx, n) for n in names}
+
+
+def test_round_three_follows_round_twos_labels(tmp_path, tiny, tiny_lm_dir, minilm_dir, monkeypatch):
+    """Issue 48's third round: round 3 is mined by round 2's encoder, trained on round 2's labels, so a change to
+    round 2's labels alone (nothing else: the labels stage keys of round 2 only) re-mines round 3, and leaves
+    rounds 1 and 2's candidates and scores as they were."""
+    sets = ("candidates.rounds=3", "candidates.num_queries=12")
+    ctx = make(tmp_path, tiny, tiny_lm_dir, minilm_dir, *sets)
+    base = _all_fps(ctx)
+    labels = pipeline.STAGES["labels"]
+    keys = labels.keys
+    monkeypatch.setitem(
+        pipeline.STAGES,
+        "labels",
+        dataclasses.replace(labels, keys=lambda c: {**keys(c), "x": 1} if c.round == 2 else keys(c)),
+    )
+    changed = {
+        k for k, v in _all_fps(make(tmp_path, tiny, tiny_lm_dir, minilm_dir, *sets)).items() if base[k] != v
+    }
+    assert changed == {
+        "round-2/labels",
+        "round-2/encoder",
+        "candidates",
+        "scores",
+        "labels",
+        "encoder",
+        "retrieve",
+        "prompts",
+        "predict",
+        "select",
+        "evaluate",
+    }
