@@ -1,5 +1,6 @@
 """Dual-encoder training throughput and peak memory: effective batch 32 vs 256, with and without GradCache; or
-(``--precision``) the default recipe's step, fp32 against bf16 autocast (``train.mixed_precision``), in one run.
+(``--precision``) the default recipe's step, fp32 against bf16 autocast (``train.mixed_precision``), each in one
+padded batch and in length-sorted sub-batches (``train.length_buckets``), in one run.
 
 Each configuration runs in its own process (peak RSS is per process), on synthetic MTOP-like instances from
 the MTOP pool with the packaged MiniLM, for ``--steps`` timed optimizer steps after one warm-up step.
@@ -22,8 +23,11 @@ import time
 from benchmarks.common import describe, machine, save
 
 
-def one(batch: int, chunk: int, steps: int, data_dir: str, precision: str = "no", docs: int = 2) -> dict:
-    """``docs`` demonstrations per query; ``precision``: no (fp32) | bf16 (autocast, as accelerate runs it)."""
+def one(
+    batch: int, chunk: int, steps: int, data_dir: str, precision: str = "no", docs: int = 2, buckets: int = 1
+) -> dict:
+    """``docs`` demonstrations per query; ``precision``: no (fp32) | bf16 (autocast, as accelerate runs it);
+    ``buckets``: ``train.length_buckets`` (length-sorted sub-batches, without GradCache)."""
     import contextlib
 
     import numpy as np
@@ -50,7 +54,7 @@ def one(batch: int, chunk: int, steps: int, data_dir: str, precision: str = "no"
         ds = [task.format_demo(pool[i]).strip() for i in idx[batch:]]
         t = time.perf_counter()
         with autocast():
-            _step(model, qs, ds, chunk, docs)
+            _step(model, qs, ds, chunk, docs, buckets)
         opt.step()
         opt.zero_grad()
         if step:
@@ -60,13 +64,14 @@ def one(batch: int, chunk: int, steps: int, data_dir: str, precision: str = "no"
         "chunk": chunk,
         "precision": precision,
         "docs_per_query": docs,
+        "length_buckets": buckets,
         "sec_per_step": float(np.mean(times)),
         "instances_per_s": batch / float(np.mean(times)),
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
 
 
-def _step(model, qs, ds, chunk, docs) -> None:
+def _step(model, qs, ds, chunk, docs, buckets: int = 1) -> None:
     from epr.encoder.losses import contrastive_loss, grad_cache_backward
 
     batch = len(qs)
@@ -79,12 +84,15 @@ def _step(model, qs, ds, chunk, docs) -> None:
             contrastive_loss,
         )
     else:
-        contrastive_loss(model(model.tokenize(qs), "query"), model(model.tokenize(ds), "prompt")).backward()
+        q, d = model.embed_buckets(qs, "query", buckets), model.embed_buckets(ds, "prompt", buckets)
+        contrastive_loss(q, d).backward()
 
 
-def _run_one(b: int, c: int, steps: int, data_dir: str, precision: str = "no", docs: int = 2) -> dict:
+def _run_one(
+    b: int, c: int, steps: int, data_dir: str, precision: str = "no", docs: int = 2, buckets: int = 1
+) -> dict:
     r = subprocess.run(
-        [sys.executable, "-m", "benchmarks.training", "--one", f"{b},{c},{precision},{docs}"]
+        [sys.executable, "-m", "benchmarks.training", "--one", f"{b},{c},{precision},{docs},{buckets}"]
         + ["--steps", str(steps), "--data-dir", data_dir],
         capture_output=True,
         text=True,
@@ -102,12 +110,12 @@ def precision_table(rows: list[dict], m: dict, steps: int) -> str:
         f"demonstrations, no GradCache. Mean of {steps} steps after a warm-up, each configuration in its own process, "
         "one after the other in the same run.",
         "",
-        "| train.mixed_precision | s / step | instances / s | vs fp32 | peak RSS (MB) |",
-        "|---|---|---|---|---|",
+        "| train.mixed_precision | train.length_buckets | s / step | instances / s | vs fp32 | peak RSS (MB) |",
+        "|---|---|---|---|---|---|",
     ]
     for r in rows:
         md.append(
-            f"| {r['precision']} | {r['sec_per_step']:.2f} | {r['instances_per_s']:.1f} | "
+            f"| {r['precision']} | {r.get('length_buckets', 1)} | {r['sec_per_step']:.2f} | {r['instances_per_s']:.1f} | "
             f"{base['sec_per_step'] / r['sec_per_step']:.2f}x | {r['peak_rss_mb']:.0f} |"
         )
     return "\n".join(md) + "\n"
@@ -124,12 +132,13 @@ def main() -> None:
     ap.add_argument("--one", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.one:
-        b, c, precision, docs = a.one.split(",")
-        print(json.dumps(one(int(b), int(c), a.steps, a.data_dir, precision, int(docs))))
+        b, c, precision, docs, buckets = a.one.split(",")
+        print(json.dumps(one(int(b), int(c), a.steps, a.data_dir, precision, int(docs), int(buckets))))
         return
     if a.precision:
         m = machine()
-        rows = [_run_one(32, 0, a.steps, a.data_dir, p, 8) for p in ("no", "bf16")]
+        shapes = [("no", 1), ("bf16", 1), ("bf16", 4), ("no", 4)]
+        rows = [_run_one(32, 0, a.steps, a.data_dir, p, 8, nb) for p, nb in shapes]
         name = "training-precision" + (f"-{a.tag}" if a.tag else "")
         save(name, {"machine": m, "steps": a.steps, "rows": rows}, precision_table(rows, m, a.steps))
         return

@@ -235,6 +235,13 @@ class TrainConfig:
         ("input_output", "input"),
     )
     grad_accum: int = opt(1, "gradient accumulation steps", ge=1)
+    length_buckets: int = opt(
+        4,
+        "without GradCache, a step's queries and demonstrations are length-sorted into this many sub-batches, each "
+        "padded to its own longest: the same loss and gradient within float rounding, fewer padded tokens (1: one "
+        "batch padded to its longest, as before the option)",
+        ge=1,
+    )
     mixed_precision: str = opt(
         "auto",
         "accelerate's mixed precision (auto: bf16 where the hardware runs it fast, as models.dtype: auto; "

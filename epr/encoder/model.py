@@ -108,6 +108,23 @@ class DualEncoder(nn.Module):
     def forward(self, batch: dict, side: str = "query") -> torch.Tensor:
         return self.embed_queries(batch) if side == "query" else self.embed_prompts(batch)
 
+    def embed_buckets(self, texts: Sequence[str], side: str, buckets: int = 1) -> torch.Tensor:
+        """``(n, H)`` embeddings of ``texts`` in their order, with gradient: the texts length-sorted into
+        ``buckets`` sub-batches, each padded to its own longest instead of the whole batch's (``train.length_buckets``).
+        Each row's embedding is computed from its own tokens only (the mask keeps the pads out), so this is the one
+        padded batch's value and gradient within float rounding (tested), for fewer padded tokens."""
+        texts = list(texts)
+        if buckets <= 1 or len(texts) < 2:
+            return self(self.tokenize(texts), side)
+        ids = self.tok(texts, truncation=True, max_length=self.max_length)["input_ids"]
+        order = sorted(range(len(texts)), key=lambda i: len(ids[i]))
+        size = -(-len(texts) // buckets)
+        parts = [order[s : s + size] for s in range(0, len(order), size)]
+        embs = torch.cat([self(self.tokenize([texts[i] for i in p]), side) for p in parts])
+        back = torch.empty(len(texts), dtype=torch.long)
+        back[torch.tensor(order)] = torch.arange(len(texts))
+        return embs[back.to(embs.device)]
+
     @torch.inference_mode()
     def encode(
         self, texts: Sequence[str], side: str, batch_size: int = 128, progress: bool = False

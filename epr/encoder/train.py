@@ -126,7 +126,8 @@ def compute_loss(model: DualEncoder, batch: dict, pool, task, tc, accelerator) -
             loss_fn,
             backward=lambda t, g: accelerator.backward(t, gradient=g),
         )
-    loss = loss_fn(unwrapped(unwrapped.tokenize(qs), "query"), unwrapped(unwrapped.tokenize(ds), "prompt"))
+    nb = tc.length_buckets
+    loss = loss_fn(unwrapped.embed_buckets(qs, "query", nb), unwrapped.embed_buckets(ds, "prompt", nb))
     accelerator.backward(loss)
     return loss.detach()
 

@@ -12,7 +12,7 @@ from epr.lm.factory import scoring_key
 
 # Options added after runs were made whose default reproduces what the code did before them: left out of a stage's
 # keys while at that default, so that adding an option does not orphan every trained encoder and cached row.
-# (train.init / warm_epochs / mixed_precision: keyed as they act, by _encoder_keys)
+# (train.init / warm_epochs / mixed_precision / length_buckets: keyed as they act, by _encoder_keys)
 ADDED_DEFAULTS: dict[str, dict[str, object]] = {"train": {"demo_fields": "input_output"}}
 
 
@@ -147,8 +147,12 @@ def _encoder_keys(ctx: Context) -> dict:
 
     warm = warm_start_dir(ctx) is not None
     tc = effective_train(ctx.cfg.train, warm)
-    train = {k: v for k, v in section_keys(ctx, "train").items() if k not in ("init", "warm_epochs")}
+    train = {
+        k: v for k, v in section_keys(ctx, "train").items() if k not in ("init", "warm_epochs", "length_buckets")
+    }
     train["mixed_precision"] = tc.mixed_precision
+    if tc.length_buckets != 1 and not (tc.chunk_size and tc.chunk_size < tc.batch_size):
+        train["length_buckets"] = tc.length_buckets  # where it acts (no GradCache); 1 keys as before the option
     train["epochs"] = tc.epochs
     if warm:
         train["init"] = "previous"

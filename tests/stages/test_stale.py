@@ -313,3 +313,19 @@ def test_curve_rows_are_reused_only_under_their_own_key(curve, tmp_path):
 def test_retrieve_needs_the_encoders_its_retrievers_use(retrievers, deps, tmp_path):
     cfg = load_config([], [f"run_root={tmp_path}", f"retrieve.retrievers={retrievers}"])
     assert pipeline.STAGES["retrieve"].deps(Context(cfg)) == deps
+
+
+def test_length_buckets_key_the_encoder_where_they_act(tmp_path):
+    """``train.length_buckets`` (issue 49) keys the encoder as it acts: 1 (one padded batch, as before the option)
+    keeps the old keys, so committed encoders stay valid; under GradCache (which chunks the batch itself) it does
+    nothing and keys nothing; otherwise another value is another encoder."""
+
+    def keys(*extra):
+        cfg = load_config([], [f"run_root={tmp_path}", "data.task=demo", "train.chunk_size=0", *extra])
+        return pipeline.STAGES["encoder"].keys(Context(cfg))["train"]
+
+    assert "length_buckets" not in keys("train.length_buckets=1")
+    assert keys()["length_buckets"] == 4 == load_config([], []).train.length_buckets  # the default acts
+    assert keys("train.length_buckets=8")["length_buckets"] == 8
+    gc = ("train.chunk_size=4", "train.batch_size=16")
+    assert keys(*gc) == keys(*gc, "train.length_buckets=1") == keys(*gc, "train.length_buckets=8")
