@@ -59,6 +59,8 @@ def test_how_alike_two_lms_rank_the_same_candidates(cl):
     c = cl.compare(a, b, k=2)
     assert c["rank_agreement"] == pytest.approx(0.0) and c["rank_agreement_examples"] == 2  # (1 + -1) / 2
     assert c["top_k_shared"] == pytest.approx(0.5) and c["top_k"] == 2  # qid 1: both, qid 2: none
+    # the scores' own distance over every shared candidate (qid 1: 0 x 5, qid 2: 4 2 0 2 4, qid 3: 0 x 2)
+    assert (c["score_abs_diff_mean"], c["score_abs_diff_max"]) == (pytest.approx(12 / 12), 4.0)
     # ranks, not values: a monotone but non-linear pair agrees fully (Pearson would not)
     mono = {1: {"cands": same, "cand_scores": [-1.0, -2.0, -3.0, -4.0, -100.0]}}
     assert cl.agreement(a, mono, [1], 2)["rank_agreement"] == pytest.approx(1.0)

@@ -46,11 +46,12 @@ def agreement(a: dict[int, dict], b: dict[int, dict], q: list[int], k: int) -> d
     than k shared)."""
     from scipy.stats import spearmanr
 
-    rhos, tops = [], []
+    rhos, tops, diffs = [], [], []
     for i in q:
         sa, sb = (dict(zip(x[i]["cands"], x[i]["cand_scores"])) for x in (a, b))
         shared = [c for c in b[i]["cands"] if c in sa]
         xa, xb = [sa[c] for c in shared], [sb[c] for c in shared]
+        diffs += [abs(u - v) for u, v in zip(xa, xb)]
         if len(shared) >= 3 and len(set(xa)) > 1 and len(set(xb)) > 1:
             rhos.append(float(spearmanr(xa, xb)[0]))
         # ties broken by candidate id in both (as the labels stage breaks them), not by B's order
@@ -62,6 +63,9 @@ def agreement(a: dict[int, dict], b: dict[int, dict], q: list[int], k: int) -> d
         "rank_agreement_examples": len(rhos),
         "top_k": k,
         "top_k_shared": float(np.mean(tops)) if tops else None,
+        # the same candidates scored twice (another dtype, batch layout or LM): how far the scores are apart
+        "score_abs_diff_mean": float(np.mean(diffs)) if diffs else None,
+        "score_abs_diff_max": float(np.max(diffs)) if diffs else None,
     }
 
 
@@ -111,7 +115,8 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"on the shared candidates: Spearman {'n/a' if rho is None else f'{rho:.3f}'} (mean over "
             f"{c['rank_agreement_examples']} examples); A's top {c['top_k']} among B's: "
-            f"{'n/a (no example shares more than k)' if top is None else f'{top:.1%}'}"
+            f"{'n/a (no example shares more than k)' if top is None else f'{top:.1%}'}; score |A - B|: mean "
+            f"{c['score_abs_diff_mean']:.3f}, max {c['score_abs_diff_max']:.3f} nats"
         )
     return 0
 

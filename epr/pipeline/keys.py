@@ -148,11 +148,15 @@ def _encoder_keys(ctx: Context) -> dict:
     warm = warm_start_dir(ctx) is not None
     tc = effective_train(ctx.cfg.train, warm)
     train = {
-        k: v for k, v in section_keys(ctx, "train").items() if k not in ("init", "warm_epochs", "length_buckets")
+        k: v
+        for k, v in section_keys(ctx, "train").items()
+        if k not in ("init", "warm_epochs", "length_buckets")
     }
     train["mixed_precision"] = tc.mixed_precision
     if tc.length_buckets != 1 and not (tc.chunk_size and tc.chunk_size < tc.batch_size):
-        train["length_buckets"] = tc.length_buckets  # where it acts (no GradCache); 1 keys as before the option
+        train["length_buckets"] = (
+            tc.length_buckets
+        )  # where it acts (no GradCache); 1 keys as before the option
     train["epochs"] = tc.epochs
     if warm:
         train["init"] = "previous"
