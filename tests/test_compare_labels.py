@@ -59,6 +59,7 @@ def test_how_alike_two_lms_rank_the_same_candidates(cl):
     c = cl.compare(a, b, k=2)
     assert c["rank_agreement"] == pytest.approx(0.0) and c["rank_agreement_examples"] == 2  # (1 + -1) / 2
     assert c["top_k_shared"] == pytest.approx(0.5) and c["top_k"] == 2  # qid 1: both, qid 2: none
+    assert c["top_k_identical"] == pytest.approx(0.5)  # qid 1's top 2 is B's, qid 2's is not
     # the scores' own distance over every shared candidate (qid 1: 0 x 5, qid 2: 4 2 0 2 4, qid 3: 0 x 2)
     assert (c["score_abs_diff_mean"], c["score_abs_diff_max"]) == (pytest.approx(12 / 12), 4.0)
     # ranks, not values: a monotone but non-linear pair agrees fully (Pearson would not)

@@ -63,6 +63,7 @@ def agreement(a: dict[int, dict], b: dict[int, dict], q: list[int], k: int) -> d
         "rank_agreement_examples": len(rhos),
         "top_k": k,
         "top_k_shared": float(np.mean(tops)) if tops else None,
+        "top_k_identical": float(np.mean([t == 1.0 for t in tops])) if tops else None,  # the same positives
         # the same candidates scored twice (another dtype, batch layout or LM): how far the scores are apart
         "score_abs_diff_mean": float(np.mean(diffs)) if diffs else None,
         "score_abs_diff_max": float(np.max(diffs)) if diffs else None,
@@ -115,7 +116,8 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"on the shared candidates: Spearman {'n/a' if rho is None else f'{rho:.3f}'} (mean over "
             f"{c['rank_agreement_examples']} examples); A's top {c['top_k']} among B's: "
-            f"{'n/a (no example shares more than k)' if top is None else f'{top:.1%}'}; score |A - B|: mean "
+            f"{'n/a (no example shares more than k)' if top is None else f'{top:.1%}'} (the same top "
+            f"{c['top_k']} on {c['top_k_identical'] or 0:.1%} of examples); score |A - B|: mean "
             f"{c['score_abs_diff_mean']:.3f}, max {c['score_abs_diff_max']:.3f} nats"
         )
     return 0
