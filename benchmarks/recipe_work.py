@@ -51,16 +51,25 @@ def scores_work(ctx, lm_tok) -> dict[int, dict]:
 
     seen: set[str] = set()
     out = {}
+    from epr.stages.scores import chunk_rankings
+
     for r in ctx.rounds():
-        _, contexts, targets, _ = scored_pairs(
-            r.task, r.examples("pool"), r.rankings("candidates", "candidates.jsonl")
-        )
+        pool, ranks = r.examples("pool"), r.rankings("candidates", "candidates.jsonl")
+        _, contexts, targets, _ = scored_pairs(r.task, pool, ranks)
+        # prefix sharing's room: sequences per distinct demonstration within the stage's own chunks
+        chunks = chunk_rankings(r, ranks, r.cfg.scoring.chunk_size)
+        distinct = sum(len({c for q in ch for c in q.ids}) for ch in chunks)
         keys = [pair_key(c, t) for c, t in zip(contexts, targets)]
         new = [i for i, k in enumerate(keys) if k not in seen]
         seen.update(keys)
         lens = _tokens(lm_tok, [contexts[i] for i in new])
         lens = [a + b for a, b in zip(lens, _tokens(lm_tok, [targets[i] for i in new], special=False))]
-        out[r.round] = {"sequences": len(keys), "new_sequences": len(new), "new_tokens": int(sum(lens))}
+        out[r.round] = {
+            "sequences": len(keys),
+            "new_sequences": len(new),
+            "new_tokens": int(sum(lens)),
+            "per_demo": len(keys) / max(distinct, 1),
+        }
     return out
 
 
@@ -141,6 +150,7 @@ def run_work(cfg, rows: list[dict], peaks: dict[str, float]) -> None:
             tokens = round(w["new_tokens"] * n / max(w["new_sequences"], 1))
             row["tokens"], row["flops"] = tokens, 2.0 * p_lm * tokens
             row["work"]["new_sequences"] = w["new_sequences"]
+            row["work"]["sequences_per_demo_in_chunk"] = round(w["per_demo"], 2)
             row["dtype"] = _dtype_of(man)
         elif stage == "encoder":
             w = encoder_work(here, enc_tok, man)
