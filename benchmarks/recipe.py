@@ -164,7 +164,7 @@ def main() -> None:
         "peak_bf16": max(matmul_tflops(torch.bfloat16) for _ in range(3)),
         "bandwidth_gbps": memory_gbps(),
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
-        "wall_s": wall if not a.from_run else sum(r["seconds"] for r in stage_rows(run_dir)),
+        "wall_s": wall,
         "from_run": bool(a.from_run),
     }
     if a.from_run and a.raw:
@@ -175,6 +175,8 @@ def main() -> None:
     from benchmarks.recipe_work import run_work
 
     rows = stage_rows(run_dir)
+    if a.from_run and not a.raw:  # no command was timed here: the stages' own total
+        info["wall_s"] = sum(r["seconds"] for r in rows)
     run_work(load_config([a.config], sets), rows, {"fp32": info["peak_fp32"], "bf16": info["peak_bf16"]})
     if "Zen 4" in info["machine"]:  # the estimates' "here" benchmarks are a Zen 4's
         from benchmarks.common import RESULTS

@@ -121,7 +121,6 @@ def fraction(flops: float, seconds: float, peak_tflops: float) -> float | None:
 def run_work(cfg, rows: list[dict], peaks: dict[str, float]) -> None:
     """Adds ``flops``, ``tokens`` and ``fraction`` (of the matmul peak of the stage's dtype) to the rows of
     ``benchmarks.recipe.stage_rows`` in place, for the stages this module counts."""
-    import torch  # noqa: F401  (the models)
     from transformers import AutoModel, AutoTokenizer
 
     from epr.context import Context
@@ -170,7 +169,6 @@ def run_work(cfg, rows: list[dict], peaks: dict[str, float]) -> None:
         row["fraction"] = fraction(row["flops"], row["seconds"], peaks.get(row["dtype"], 0.0))
     for row in rows:
         row.pop("manifest", None)
-    json.dumps(rows)  # every value is JSON
 
 
 # Other machines, estimated (not measured) from a run on a Zen 4 (the "here" files are that machine's): each stage's time here x (its kind's time there / time here), the

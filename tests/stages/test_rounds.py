@@ -361,18 +361,21 @@ def _all_fps(ctx) -> dict[str, str]:
     out = {}
     for r in ctx.rounds()[:-1]:
         out |= {f"round-{r.round}/{n}": pipeline.stage_fingerprint(r, n) for n in pipeline.ROUND_STAGES}
-    names = (
-        "candidates",
-        "scores",
-        "labels",
-        "encoder",
-        "retrieve",
-        "prompts",
-        "predict",
-        "select",
-        "evaluate",
-    )
-    return out | {n: pipeline.stage_fingerprint(ctx, n) for n in names}
+    return out | {n: pipeline.stage_fingerprint(ctx, n) for n in RUN_STAGES}
+
+
+# the stages of the last round and after it, each keyed by the rounds before it
+RUN_STAGES = (
+    "candidates",
+    "scores",
+    "labels",
+    "encoder",
+    "retrieve",
+    "prompts",
+    "predict",
+    "select",
+    "evaluate",
+)
 
 
 def test_round_three_follows_round_twos_labels(tmp_path, tiny, tiny_lm_dir, minilm_dir, monkeypatch):
@@ -392,16 +395,4 @@ def test_round_three_follows_round_twos_labels(tmp_path, tiny, tiny_lm_dir, mini
     changed = {
         k for k, v in _all_fps(make(tmp_path, tiny, tiny_lm_dir, minilm_dir, *sets)).items() if base[k] != v
     }
-    assert changed == {
-        "round-2/labels",
-        "round-2/encoder",
-        "candidates",
-        "scores",
-        "labels",
-        "encoder",
-        "retrieve",
-        "prompts",
-        "predict",
-        "select",
-        "evaluate",
-    }
+    assert changed == {"round-2/labels", "round-2/encoder", *RUN_STAGES}
