@@ -228,6 +228,7 @@ def stored_bounds(path: str) -> str:
 
 def main() -> None:
     from epr.config.sections import GenerateConfig
+    from epr.lm.identity import device_size
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=1000)
@@ -244,8 +245,8 @@ def main() -> None:
     ap.add_argument(
         "--chunk",
         type=int,
-        default=GenerateConfig().chunk_size,
-        help="prompts per generate call (default: the predict stage's generate.chunk_size)",
+        default=device_size("generate.chunk_size", GenerateConfig().chunk_size, "cpu"),
+        help="prompts per generate call (default: the predict stage's generate.chunk_size on a CPU)",
     )
     ap.add_argument("--data-dir", default=str(ROOT.parent / "shared/data"))
     ap.add_argument("--tag", default="")

@@ -1,12 +1,16 @@
 """Throughput of the pipeline's three GPU stages on one GPU, against the GPU's bf16 matmul peak measured in the run.
 
 On the lent GPU machine (H100 / H200, no internet: every model is built from its config with random weights, which do
-not change the time), from the repository root; 4-6 minutes, measurements start only within ``--time-limit`` (420 s):
+not change the time), from the repository root; ~3 minutes on an H200 (167 s on 2026-11-27:
+benchmarks/results/gpu-stages-nvidia-h200.md), measurements start only within ``--time-limit`` (420 s):
 
     python3 -m benchmarks.gpu_stages 2>&1 | tee benchmarks/results/raw/gpu-stages.log
 
 Through the device tool only ``$OUT`` comes back: ``python3 -m benchmarks.gpu_stages --out $OUT 2>&1 | tee
-$OUT/gpu-stages.log``, then copy the ``.json`` / ``.md`` to ``benchmarks/results/``, the log to ``.../raw/``.
+$OUT/gpu-stages.log``, then copy the ``.json`` / ``.md`` to ``benchmarks/results/``, the log to ``.../raw/``. The
+machine's transformers may differ from this project's: carry the project's as a wheel (``pip install --target``, on
+``PYTHONPATH``), as the committed run did. A sweep beside the plan: ``--sections scoring,generation --batch-tokens
+16384,65536 --decode-rows 256,1024 --prompts 1024 --tag sweep`` (its own result files).
 ``--quick --device cpu``: tiny shapes in seconds (tests/test_gpu_stages_quick.py). Every measurement: warm-up, then
 timed runs until ``--budget`` seconds or 5 runs, the median reported, ``torch.cuda.synchronize`` around each timer;
 one that fails is recorded with its error and the run goes on.
@@ -354,8 +358,20 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--time-limit", type=float, default=420.0, help="no measurement starts after it (s)")
     ap.add_argument("--sections", default="scoring,generation,encoder")
     ap.add_argument("--loss", default="distill", choices=["epr", "listwise", "distill"])
+    ap.add_argument("--models", default=",".join(LMS), help="LM shapes to time (scoring, generation)")
+    ap.add_argument("--batch-tokens", default=None, help="scoring.batch_tokens values, comma-separated")
+    ap.add_argument("--decode-rows", default=None, help="generate.decode_rows values, comma-separated")
+    ap.add_argument(
+        "--tag", default="", help="appended to the result files' name (a sweep beside the default run)"
+    )
+    ap.add_argument("--prompts", type=int, default=None, help="prompts generated from (256)")
     a = ap.parse_args(argv)
-    p, sections = (QUICK if a.quick else FULL), a.sections.split(",")
+    p, sections = dict(QUICK if a.quick else FULL), a.sections.split(",")
+    for key, val in (("batch_tokens", a.batch_tokens), ("decode_rows", a.decode_rows)):
+        if val:
+            p[key] = [int(v) for v in val.split(",")]
+    if a.prompts:
+        p["prompts"] = a.prompts
     clock = Clock(a.device, a.budget if a.budget is not None else (0.05 if a.quick else 8.0), p["max_reps"],
                   a.time_limit)  # fmt: skip
     cuda = a.device.startswith("cuda")
@@ -376,6 +392,8 @@ def main(argv: list[str] | None = None) -> dict:
     for name, spec in LMS.items():
         if not {"scoring", "generation"} & set(sections):
             break
+        if name not in a.models.split(","):
+            continue
         model = build_lm(TINY_LM if a.quick else spec, a.device, lm_dtype)
         if "scoring" in sections:
             rows += scoring_rows(model, name, dname, p, clock, peaks[dname])
@@ -387,7 +405,7 @@ def main(argv: list[str] | None = None) -> dict:
     if "encoder" in sections:
         for name, (kind, spec) in ENCODERS.items():
             rows += encoder_rows(name, kind, TINY_ENC if a.quick else spec, a.device, p, clock, peaks, a.loss)
-    slug = re.sub(r"[^a-z0-9]+", "-", dev_name.lower()).strip("-")
+    slug = re.sub(r"[^a-z0-9]+", "-", f"{dev_name} {a.tag}".lower()).strip("-")
     raw = {"machine": machine(), "device": a.device, "device_name": dev_name, "quick": a.quick, "peak_n": p["peak_n"],
            "peak_tflops": peaks, "copy_gbps": gbps, "lm_dtype": dname, "plan": p,
            "wall_s": time.perf_counter() - clock.t0, "rows": rows}  # fmt: skip

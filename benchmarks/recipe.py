@@ -3,6 +3,7 @@
     python -m benchmarks.recipe                                   # epr run -c configs/mtop.yaml, empty run root
     python -m benchmarks.recipe --set models.dtype=fp32 --import-scores results/mtop-curve/labels-smollm2-fp32.json.gz
     python -m benchmarks.recipe --from-run runs/mtop -c configs/mtop.yaml   # the table of a run already made
+    python -m benchmarks.recipe --redraw benchmarks/results/recipe-mtop-default-recipe-zen4.json  # table only
 
 Runs ``epr run`` (every round, ``select``, the comparison) in a subprocess from an empty run root (``--run-root``,
 default ``runs-bench``), then reads every stage's manifest, the earlier rounds' included: its wall time and its work
@@ -25,6 +26,8 @@ from benchmarks.common import describe, machine, matmul_tflops, save
 from benchmarks.generate import memory_gbps
 
 BAR_S = 45 * 60  # issue 49: the default MTOP recipe end to end in 45 minutes on 2 cores
+# GPU runs of benchmarks.gpu_stages whose rates estimate the recipe there (benchmarks.recipe_work.gpu_estimate)
+GPU_RESULTS = ("gpu-stages-nvidia-h200.json",)
 
 
 def stage_rows(run_dir: Path) -> list[dict]:
@@ -115,7 +118,38 @@ def table(rows: list[dict], info: dict) -> str:
                 f"{e['total_s'] / 60:.0f} min |"
             )
         lines.append("")
+    for g in info.get("gpu_estimates", []):
+        lines += [
+            f"**Estimated, not measured: on one {g['device_name']}**, the counted work at the rates "
+            f"`benchmarks.gpu_stages` measured there (random-init models of the same shapes; GPU sizes: "
+            f"`scoring.batch_tokens` 16384, `generate.decode_rows` 256), stages off the GPU's LM path at their time "
+            f"here (`benchmarks/recipe_work.py`, `gpu_estimate`): **{g['total_s'] / 60:.1f} min** in all, of which "
+            f"the LM and training stages {g['lm_and_training_s']:.0f} s (model loading not counted).",
+            "",
+            "| stage | here (s) | there (s) | how |",
+            "|---|---|---|---|",
+        ]
+        lines += [
+            f"| {r['stage']} | {r['seconds_here']:.0f} | {r['seconds']:.1f} | {r['how']} |"
+            for r in g["stages"]
+            if r["seconds_here"] >= 1
+        ]
+        lines.append("")
     return "\n".join(lines)
+
+
+def add_estimates(rows: list[dict], info: dict) -> None:
+    """Other CPUs' estimates (only from a Zen 4 run: their factors are over a Zen 4's benchmarks) and the GPUs'."""
+    from benchmarks.common import RESULTS
+    from benchmarks.recipe_work import estimate, gpu_estimate
+
+    if "Zen 4" in info["machine"]:
+        info["estimates"] = estimate(rows, RESULTS)
+    info["gpu_estimates"] = [
+        gpu_estimate(rows, json.loads((RESULTS / f).read_text()))
+        for f in GPU_RESULTS
+        if (RESULTS / f).exists()
+    ]
 
 
 def main() -> None:
@@ -129,7 +163,12 @@ def main() -> None:
     ap.add_argument(
         "--raw", help="with --from-run: the raw JSON of the benchmark that made the run (its wall time, RSS)"
     )
+    ap.add_argument("--redraw", help="a raw JSON of this benchmark: its table again, estimates anew (no run)")
     a = ap.parse_args()
+    if a.redraw:
+        raw = json.loads(Path(a.redraw).read_text())
+        add_estimates(raw["stages"], raw["info"])
+        return save(Path(a.redraw).stem, raw, table(raw["stages"], raw["info"]))
     sets = [*a.set]
     epr = [sys.executable, "-m", "epr.cli"]
     t0 = time.time()
@@ -178,11 +217,7 @@ def main() -> None:
     if a.from_run and not a.raw:  # no command was timed here: the stages' own total
         info["wall_s"] = sum(r["seconds"] for r in rows)
     run_work(load_config([a.config], sets), rows, {"fp32": info["peak_fp32"], "bf16": info["peak_bf16"]})
-    if "Zen 4" in info["machine"]:  # the estimates' "here" benchmarks are a Zen 4's
-        from benchmarks.common import RESULTS
-        from benchmarks.recipe_work import estimate
-
-        info["estimates"] = estimate(rows, RESULTS)
+    add_estimates(rows, info)
     save(f"recipe-{a.name or run_dir.name}", {"info": info, "stages": rows}, table(rows, info))
 
 

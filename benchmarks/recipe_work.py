@@ -262,3 +262,67 @@ def estimate(rows: list[dict], results: Path) -> dict[str, dict]:
         total = sum(r["seconds"] * f.get(KIND.get(r["stage"].split("/")[-1], ""), 1.0) for r in rows)
         out[name] = {"factors": f, "total_s": total}
     return out
+
+
+def _gpu_row(gpu: dict, **match) -> dict:
+    rows = [r for r in gpu["rows"] if "seconds" in r and all(r.get(k) == v for k, v in match.items())]
+    if len(rows) != 1:
+        raise ValueError(f"{gpu.get('device_name')}: {len(rows)} measured rows match {match}")
+    return rows[0]
+
+
+def gpu_estimate(rows: list[dict], gpu: dict) -> dict:
+    """The run's LM and training stages at the rates ``benchmarks.gpu_stages`` measured on a GPU (``gpu``: its raw
+    JSON), with the sizes a GPU runs by default (``epr.lm.identity.DEVICE_SIZES``). An estimate from the stages'
+    counted work, not a run:
+
+    - ``scores``: the tokens scored here / the prefix-shared scorer's tokens/s (SmolLM2-135M's shape);
+    - ``encoder``: the training tokens / the bf16 training step's tokens/s (all-MiniLM-L6-v2's shape, 64-token
+      candidates: padded tokens there, real tokens here, so on the generous side);
+    - ``predict``: prefill + gold tokens at the batched scorer's tokens/s, plus the generated tokens at the lean
+      decoder's new tokens/s (whose runs include their own prefill: on the conservative side);
+    - ``select`` (a gold pass of the held-out slice): its time here x the scorer's tokens/s here over there.
+
+    Every other stage (BM25 mining, embedding the pool, faiss, prompts) keeps its time here: they do not run on the
+    GPU's LM path, so the total is an upper side for them. Returns per-stage seconds and the total."""
+    from epr.lm.identity import DEVICE_SIZES
+
+    tokens, rows_ = DEVICE_SIZES["scoring.batch_tokens"][1], DEVICE_SIZES["generate.decode_rows"][1]
+    lm = "SmolLM2-135M"
+    shared = _gpu_row(gpu, stage="label scoring", model=lm, method="prefix-shared", batch_tokens=tokens)[
+        "tok_s"
+    ]
+    batched = _gpu_row(gpu, stage="label scoring", model=lm, method="batched", batch_tokens=tokens)["tok_s"]
+    decode = _gpu_row(gpu, stage="generation", model=lm, decode_rows=rows_)["new_tok_s"]
+    train = _gpu_row(gpu, stage="encoder training", model="all-MiniLM-L6-v2", dtype="bf16", doc_len=64)[
+        "tokens_s"
+    ]
+    here = [r for r in rows if r["stage"].split("/")[-1] == "scores" and r.get("tokens")]
+    here_tok_s = sum(r["tokens"] for r in here) / sum(r["seconds"] for r in here) if here else None
+    out = []
+    for r in rows:
+        kind, w = r["stage"].split("/")[-1], r.get("work", {})
+        if kind == "scores" and r.get("tokens"):
+            s, how = r["tokens"] / shared, "tokens / prefix-shared scorer"
+        elif kind == "encoder" and r.get("tokens"):
+            s, how = r["tokens"] / train, "tokens / bf16 training step"
+        elif kind == "predict" and "generated_tokens" in w:
+            s = w["prefill_tokens"] / batched + w["generated_tokens"] / decode
+            how = "prefill / batched scorer + generated / lean decoder"
+        elif kind == "select" and here_tok_s:
+            s, how = r["seconds"] * here_tok_s / shared, "time here x scorer rate here / there"
+        else:
+            s, how = r["seconds"], "time here (not on the GPU's LM path)"
+        out.append({"stage": r["stage"], "seconds_here": r["seconds"], "seconds": s, "how": how})
+    return {
+        "device_name": gpu["device_name"],
+        "rates": {
+            "scoring_tok_s": shared,
+            "prefill_tok_s": batched,
+            "decode_new_tok_s": decode,
+            "training_tok_s": train,
+        },  # fmt: skip
+        "stages": out,
+        "total_s": sum(r["seconds"] for r in out),
+        "lm_and_training_s": sum(r["seconds"] for r in out if not r["how"].startswith("time here (")),
+    }

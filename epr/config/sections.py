@@ -168,7 +168,11 @@ class CandidatesConfig:
 class ScoringConfig:
     """LM scoring of every (candidate, example) pair: the log-probability of the output after the demonstration."""
 
-    batch_tokens: int = opt(4096, "padded tokens per forward pass", ge=16)
+    batch_tokens: int | None = opt(
+        None,
+        "padded tokens per forward pass (null: 2048 on a CPU, 16384 on a GPU: epr.lm.identity.DEVICE_SIZES)",
+        ge=16,
+    )
     chunk_size: int = opt(32, "training examples per resumable chunk", ge=1)
     forward: str = opt(
         "fast", "fast: epr.lm.fastlm (Llama-family); hf: the transformers forward", ("fast", "hf")
@@ -322,9 +326,10 @@ class GenerateConfig:
     batch_size: int = opt(
         8, "transformers' generate (engine hf, and models the lean decoder does not cover)", ge=1
     )
-    chunk_size: int = opt(
-        256,
-        "prompts per resumable chunk (the lean decoder batches continuously within a chunk: fewer than ~4x decode_rows leave its steps with few rows)",
+    chunk_size: int | None = opt(
+        None,
+        "prompts per resumable chunk (null: 256 on a CPU, 1024 on a GPU; the lean decoder batches continuously within "
+        "a chunk: fewer than ~4x decode_rows leave its steps with few rows)",
         ge=1,
     )
     engine: str = opt(
@@ -333,8 +338,11 @@ class GenerateConfig:
         "error; hf: transformers' generate",
         ("auto", "lean", "hf"),
     )
-    decode_rows: int = opt(
-        64, "lean decoder: rows decoded together at most (groups of a quarter join as rows finish)", ge=1
+    decode_rows: int | None = opt(
+        None,
+        "lean decoder: rows decoded together at most (groups of a quarter join as rows finish; null: 64 on a CPU, "
+        "256 on a GPU)",
+        ge=1,
     )
     prefill_tokens: int = opt(8192, "lean decoder: padded prompt tokens per prefill slice", ge=1)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from epr.lm.identity import default_device, lm_name, model_identity, resolve_dtype
+from epr.lm.identity import default_device, device_size, lm_name, model_identity, resolve_dtype
 
 __all__ = [
     "LMSpec",
@@ -29,6 +29,7 @@ __all__ = [
     "build_scorer",
     "inference_lm",
     "device_for_rank",
+    "generate_settings",
 ]
 
 
@@ -88,7 +89,8 @@ def scoring_key(cfg, inference: bool = False) -> dict:
         return key
     key["forward"] = sc.forward
     if key["dtype"] != "fp32":
-        key |= {"batch_tokens": sc.batch_tokens, "prefix_share": sc.prefix_share}
+        tokens = device_size("scoring.batch_tokens", sc.batch_tokens, key["device"])
+        key |= {"batch_tokens": tokens, "prefix_share": sc.prefix_share}
     return key
 
 
@@ -127,7 +129,9 @@ def scorer_for(cfg, model, tok):
     return LMScorer(
         model,
         tok,
-        batch_tokens=sc.batch_tokens,
+        batch_tokens=device_size(
+            "scoring.batch_tokens", sc.batch_tokens, str(next(model.parameters()).device)
+        ),
         forward=sc.forward,
         compile=sc.compile,
         prefix_share=sc.prefix_share,
@@ -158,9 +162,28 @@ def inference_lm(cfg, stop: str):
         return generator_for_config(cfg, stop), scorer_for_config(cfg, inference=True)
     from epr.lm.generate import Generator
 
-    model, tok = load(lm_spec(cfg, inference=True))
-    g = cfg.generate
+    spec = lm_spec(cfg, inference=True)
+    model, tok = load(spec)
+    g = generate_settings(cfg, spec.device)
     gen = Generator(
-        model, tok, g.max_new_tokens, g.batch_size, stop, g.engine, g.decode_rows, g.prefill_tokens
+        model,
+        tok,
+        g["max_new_tokens"],
+        g["batch_size"],
+        stop,
+        g["engine"],
+        g["decode_rows"],
+        g["prefill_tokens"],
     )
     return gen, scorer_for(cfg, model, tok)
+
+
+def generate_settings(cfg, device: str | None = None) -> dict:
+    """The run's ``generate`` section with its null sizes resolved for the inference LM's device (``device_size``):
+    what the predict stage runs and keys (a CPU's key is the same as when the sizes were fixed numbers)."""
+    g = dict(cfg.section("generate"))
+    if device is None:
+        device = lm_spec(cfg, inference=True).device
+    for f in ("decode_rows", "chunk_size"):
+        g[f] = device_size(f"generate.{f}", g[f], device)
+    return g

@@ -8,9 +8,31 @@ import hashlib
 import sys
 from pathlib import Path
 
-__all__ = ["DTYPES", "lm_name", "model_identity", "default_device", "resolve_dtype"]
+__all__ = [
+    "DTYPES",
+    "DEVICE_SIZES",
+    "lm_name",
+    "model_identity",
+    "default_device",
+    "resolve_dtype",
+    "device_size",
+]
 
 DTYPES = ("auto", "bf16", "fp32")
+
+# Batch sizes whose best value depends on the device, used where the config leaves them null: (CPU, GPU). The GPU's
+# from the H200 sweep (benchmarks/results/gpu-stages-nvidia-h200-sweep.md and gpu-stages-nvidia-h200.md): the scorer
+# at 16,384 padded tokens 2.2x its rate at 4,096 (SmolLM2-135M's shape, prefix-shared; no gain past 16,384, and
+# 262,144 ran out of memory with Llama-3.2-1B's vocabulary), the lean decoder at 256 rows 4.5x its rate at 64 (256 on
+# a 1B model with 1,100-token prompts is ~9 GB of KV cache: kept at 256, not the sweep's faster 1,024, for smaller
+# GPUs); generation chunks of 4x the rows, so a chunk keeps its steps full. The CPU's are the sizes every shipped
+# config ran with before (configs/base.yaml's 2048 tokens, fastest on the 2-core AMX machine:
+# benchmarks/results/scoring.md; 64 rows in chunks of 256: benchmarks/results/generate-*.md), so CPU keys stay.
+DEVICE_SIZES = {
+    "scoring.batch_tokens": (2048, 16384),
+    "generate.decode_rows": (64, 256),
+    "generate.chunk_size": (256, 1024),
+}
 
 
 def lm_name(models, inference: bool = False) -> str:
@@ -44,6 +66,15 @@ def default_device() -> str:
     import torch
 
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def device_size(field: str, value: int | None, device: str | None) -> int:
+    """``value``, or where it is null the size :data:`DEVICE_SIZES` gives ``field`` on ``device`` (a GPU: ``cuda``,
+    ``cuda:N``; anything else, a served LM's None included, takes the CPU's)."""
+    if value is not None:
+        return value
+    cpu, gpu = DEVICE_SIZES[field]
+    return gpu if str(device or "cpu").startswith("cuda") else cpu
 
 
 def _cpu_has_bf16() -> bool:

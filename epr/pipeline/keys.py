@@ -124,11 +124,11 @@ def _prompts_keys(ctx: Context) -> dict:
 
 
 def _predict_keys(ctx: Context) -> dict:
-    from epr.lm.factory import lm_key
+    from epr.lm.factory import generate_settings, lm_key
 
     cfg = ctx.cfg
     return {
-        "generate": cfg.section("generate"),
+        "generate": generate_settings(cfg),
         "lm": lm_key(cfg, inference=True),
         "gold_logprob": scoring_key(cfg, inference=True),
     }

@@ -61,7 +61,7 @@ def _num(v: float) -> float | None:
 
 
 def run_predict(ctx: Context, out: Path, fp: str) -> dict:
-    from epr.lm.factory import inference_lm, lm_key, score_cache
+    from epr.lm.factory import generate_settings, inference_lm, lm_key, score_cache
 
     cfg, task = ctx.cfg, ctx.task
     ev = eval_examples(ctx)
@@ -70,7 +70,8 @@ def run_predict(ctx: Context, out: Path, fp: str) -> dict:
     lp_empty = gold_logprob(scorer, cache, task, [task.format_query(e.input) for e in ev], ev)
     write_jsonl(out / "empty.jsonl", [{"idx": e.idx, "gold_logprob": _num(v)} for e, v in zip(ev, lp_empty)])
     same_pass = getattr(gen, "engine", None) == "lean"
-    key = {"generate": cfg.section("generate"), "stop": task.stop, **lm_key(cfg, inference=True)}
+    settings = generate_settings(cfg)
+    key = {"generate": settings, "stop": task.stop, **lm_key(cfg, inference=True)}
     if same_pass:
         key["gold_in_generation"] = True  # chunks hold [prediction, gold log-prob]
     by_idx = {e.idx: e for e in ev}
@@ -85,13 +86,13 @@ def run_predict(ctx: Context, out: Path, fp: str) -> dict:
                 ys, lps = gen.generate_with_gold([t for t, _ in part], [g for _, g in part])
                 return [[y, _num(v)] for y, v in zip(ys, lps)]
 
-            got = store.map(items, cfg.generate.chunk_size, both, desc=f"generate [{name}]", unit="prompt")
+            got = store.map(items, settings["chunk_size"], both, desc=f"generate [{name}]", unit="prompt")
             preds = [y for y, _ in got]
             lp = np.array([np.nan if v is None else v for _, v in got])
         else:
             lp = gold_logprob(scorer, cache, task, texts, [by_idx[p["idx"]] for p in prompts])
             preds = store.map(
-                texts, cfg.generate.chunk_size, gen.generate, desc=f"generate [{name}]", unit="prompt"
+                texts, settings["chunk_size"], gen.generate, desc=f"generate [{name}]", unit="prompt"
             )
         rows = [
             {"idx": p["idx"], "prediction": y, "gold_logprob": _num(v)} for p, y, v in zip(prompts, preds, lp)

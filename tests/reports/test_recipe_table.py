@@ -3,6 +3,8 @@ left out (its time is its rounds' stages), every stage's seconds and work."""
 
 import json
 
+import pytest
+
 from benchmarks.recipe import stage_rows, table
 
 
@@ -106,3 +108,56 @@ def test_every_estimate_reads_committed_benchmarks():
     for name, src in ESTIMATES.items():
         f = factors(RESULTS, src)
         assert set(f) == {"lm", "predict", "encoder"} and all(0.1 < v < 10 for v in f.values()), name
+
+
+def _gpu(**over) -> dict:
+    lm, enc = "SmolLM2-135M", "all-MiniLM-L6-v2"
+    rows = [
+        {"stage": "label scoring", "model": lm, "method": "prefix-shared", "batch_tokens": 16384, "seconds": 1,
+         "tok_s": 1000.0},
+        {"stage": "label scoring", "model": lm, "method": "batched", "batch_tokens": 16384, "seconds": 1,
+         "tok_s": 500.0},
+        {"stage": "label scoring", "model": lm, "method": "batched", "batch_tokens": 4096, "seconds": 1,
+         "tok_s": 1.0},  # another size: not the GPU default, not read
+        {"stage": "generation", "model": lm, "decode_rows": 256, "seconds": 1, "new_tok_s": 10.0},
+        {"stage": "encoder training", "model": enc, "dtype": "bf16", "doc_len": 64, "seconds": 1,
+         "tokens_s": 200.0},
+    ]  # fmt: skip
+    return {"device_name": "GPU X", "rows": rows, **over}
+
+
+def test_gpu_estimate_divides_each_stage_s_work_by_its_gpu_rate():
+    from benchmarks.recipe_work import gpu_estimate
+
+    rows = [
+        {"stage": "round-1/scores", "seconds": 400.0, "tokens": 2000, "work": {}},
+        {"stage": "round-1/encoder", "seconds": 50.0, "tokens": 400, "work": {}},
+        {"stage": "retrieve", "seconds": 30.0, "work": {}},  # not on the LM path: its time here
+        {"stage": "predict", "seconds": 99.0, "work": {"prefill_tokens": 1000, "generated_tokens": 30}},
+        {
+            "stage": "select",
+            "seconds": 8.0,
+            "work": {},
+        },  # the scorer's rate here 2000 / 400 = 5 tok/s, there 1000
+    ]
+    e = gpu_estimate(rows, _gpu())
+    got = {r["stage"]: r["seconds"] for r in e["stages"]}
+    assert got == {"round-1/scores": 2.0, "round-1/encoder": 2.0, "retrieve": 30.0, "predict": 2.0 + 3.0,
+                   "select": 8.0 * 5 / 1000}  # fmt: skip
+    assert e["total_s"] == sum(got.values()) and e["lm_and_training_s"] == e["total_s"] - 30.0
+    bad = _gpu()
+    bad["rows"] = [r for r in bad["rows"] if r["stage"] != "generation"]
+    with pytest.raises(ValueError, match="0 measured rows"):  # a missing measurement is named, not guessed
+        gpu_estimate(rows, bad)
+
+
+def test_gpu_estimate_reads_the_committed_gpu_run():
+    """Every committed GPU run the recipe table reads has the rows the estimate needs, at the GPU sizes."""
+    from benchmarks.common import RESULTS
+    from benchmarks.recipe import GPU_RESULTS
+    from benchmarks.recipe_work import gpu_estimate
+
+    recipe = json.loads((RESULTS / "recipe-mtop-default-recipe-zen4.json").read_text())
+    for f in GPU_RESULTS:
+        e = gpu_estimate(recipe["stages"], json.loads((RESULTS / f).read_text()))
+        assert 0 < e["lm_and_training_s"] < e["total_s"] < sum(r["seconds"] for r in recipe["stages"])
