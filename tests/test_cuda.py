@@ -165,6 +165,10 @@ def test_a_whole_tiny_run_on_cuda_equals_the_cpu_run(tmp_path, tiny_task_files, 
         d: json.loads((r / "scores" / "manifest.json").read_text()) for d, r in (("cpu", cpu), ("gpu", gpu))
     }
     assert "cuda" in json.dumps(man["gpu"]) and "cuda" not in json.dumps(man["cpu"])  # really ran on each
+    # generate's sizes are left null: each device ran (and keyed) its own (epr.lm.identity.DEVICE_SIZES)
+    gen = {d: json.loads((r / "predict" / "manifest.json").read_text())["config"]["generate"] for d, r in
+           (("cpu", cpu), ("gpu", gpu))}  # fmt: skip
+    assert [(g["decode_rows"], g["chunk_size"]) for g in (gen["cpu"], gen["gpu"])] == [(64, 256), (256, 1024)]
     la, lb = _rows(cpu / "labels" / "labels.jsonl"), _rows(gpu / "labels" / "labels.jsonl")
     assert [(r["qid"], r["cands"], r["pos"], r["neg"]) for r in la] == [
         (r["qid"], r["cands"], r["pos"], r["neg"]) for r in lb
