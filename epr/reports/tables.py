@@ -93,8 +93,9 @@ def _ci(v: dict) -> str:
     return f"{v['value']:.2f} ({v['ci_low']:.2f} to {v['ci_high']:.2f})"
 
 
-def comparison_table(task, results: dict, n: int, cfg) -> Table:
-    """The retriever comparison: EM (and the task's extra metrics) with intervals, gold log-prob, DPO, paper."""
+def comparison_table(task, results: dict, n: int, cfg, label_cost: dict | None = None) -> Table:
+    """The retriever comparison: EM (and the task's extra metrics) with intervals, gold log-prob, DPO, paper; notes
+    with each row's share of the BM25 -> LM-Oracle gap (where both ran) and the labels' LM cost (``label_cost``)."""
     from epr.lm.factory import lm_name
 
     extra, paper_metric = tuple(task.extra_metrics), task.paper_metric
@@ -130,6 +131,28 @@ def comparison_table(task, results: dict, n: int, cfg) -> Table:
         "the answer's tokens; DPO: mean log sigmoid(that - the same without demonstrations). "
         "Paper: GPT-Neo 2.7B (SPEC 2.8)."
     ]
+    gaps = [(k, v["oracle_gap_captured"]) for k, v in items if v.get("oracle_gap_captured")]
+    if gaps:
+        notes.append(
+            "Share of the BM25 -> LM-Oracle gap captured (gold log-prob, 95% paired bootstrap; exact match): "
+            + "; ".join(
+                f"{k} {g['gold_logprob']:.2f}"
+                + (
+                    f" [{g['gold_logprob_ci'][0]:.2f}, {g['gold_logprob_ci'][1]:.2f}]"
+                    if g["gold_logprob_ci"]
+                    else ""
+                )
+                + (f", EM {g['em']:.2f}" if g["em"] is not None else "")
+                for k, g in gaps
+                if g["gold_logprob"] is not None
+            )
+            + "."
+        )
+    if label_cost:
+        per = ", ".join(
+            f"round {r['round']}: {r['examples']:,} examples, {r['new']:,} new" for r in label_cost["rounds"]
+        )
+        notes.append(f"Labels: {label_cost['scored_sequences']:,} LM-scored sequences in all ({per}).")
     return Table(
         title=f"{task.name}: exact match{''.join(' and ' + label(m) for m in extra)} on {n} evaluation examples",
         notes=notes,

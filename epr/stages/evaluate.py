@@ -1,6 +1,11 @@
 """Stage ``evaluate``: the task's metrics for every retriever on the same examples, paired comparisons, and the
 report (``epr.reports.tables``): ``results.{md,csv,json}``, ``paired.{md,json}``, ``em.png``, ``report.html`` and
-``per_query.jsonl`` (what each retriever chose and predicted for each example)."""
+``per_query.jsonl`` (what each retriever chose and predicted for each example).
+
+Beside them, what the learned rows cost and how much of the room they took: with ``bm25`` and ``lm-oracle`` among
+the retrievers, each other row's ``oracle_gap_captured`` ((row - BM25) / (LM-Oracle - BM25) in gold log-prob, with
+its paired bootstrap interval, and in exact match); with a learned retriever, ``label_cost``: the LM-scored
+sequences of every round's labels (in the manifest, and a note under the table)."""
 
 from __future__ import annotations
 
@@ -12,7 +17,7 @@ import numpy as np
 from epr.artifacts import read_jsonl, write_jsonl
 from epr.config import parse_retriever_name
 from epr.context import Context
-from epr.reports.stats import PAPER, mean_ci
+from epr.reports.stats import PAPER, gap_fraction_ci, mean_ci
 from epr.retrieval.retrievers import ORACLES
 from epr.stages.retrieve import eval_examples
 from epr.types import UpstreamError
@@ -73,6 +78,48 @@ def retriever_result(task, name: str, ev: list, prompts: list[dict], preds: list
     return res, records
 
 
+def gap_captured(results: dict, per_query: list[dict]) -> None:
+    """``oracle_gap_captured`` on every row but BM25's and the oracles', where ``bm25`` and ``lm-oracle`` were both
+    run: the fraction of the BM25 -> LM-Oracle gap the row closes in gold log-prob (point, 95% paired bootstrap
+    interval, ``epr.reports.stats.gap_fraction_ci``) and in exact match (point)."""
+    if "bm25" not in results or "lm-oracle" not in results:
+        return
+    lp = {k: [q[k]["gold_logprob"] for q in per_query] for k in results}
+    em = {k: [float(q[k]["correct"]) for q in per_query] for k in results}
+    for name, r in results.items():
+        if r["oracle"] or name == "bm25":
+            continue
+        point, lo, hi = gap_fraction_ci(lp[name], lp["bm25"], lp["lm-oracle"])
+        b, o = np.mean(em["bm25"]), np.mean(em["lm-oracle"])
+        r["oracle_gap_captured"] = {
+            "gold_logprob": None if np.isnan(point) else point,
+            "gold_logprob_ci": None if np.isnan(lo) else [lo, hi],
+            "em": None if o == b else float((np.mean(em[name]) - b) / (o - b)),
+        }
+
+
+def label_cost(ctx: Context) -> dict | None:
+    """The LM-scored sequences behind a run's labels, every round: per round the labelled examples, the sequences
+    scored for them (one per candidate) and those no earlier round scored; in all, the distinct sequences (a
+    sequence is a (labelled example, candidate) pair of the pool). None where the labels are not the LM's
+    (``labels.source: bm25``) or no learned retriever is compared (the scores are then not this row's upstream)."""
+    if ctx.cfg.labels.source != "lm" or not {"epr", "hybrid"} & {
+        parse_retriever_name(n)[0] for n in ctx.cfg.retrieve.retrievers
+    }:
+        return None
+    seen: set[tuple[int, int]] = set()
+    rounds = []
+    for i, r in enumerate(ctx.rounds(), 1):
+        try:
+            ranks = r.rankings("scores", "scores.jsonl")
+        except UpstreamError:  # an encoder from elsewhere (no scores here): no cost to report
+            return None
+        pairs = {(k.qid, c) for k in ranks for c in k.ids}
+        rounds.append({"round": i, "examples": len(ranks), "sequences": len(pairs), "new": len(pairs - seen)})
+        seen |= pairs
+    return {"rounds": rounds, "scored_sequences": len(seen)}
+
+
 def by_idx(path: Path, ev: list) -> list[dict]:
     """The rows of an upstream file in the order of ``ev``, joined by ``idx`` (never by position): a file that
     misses an example, repeats one or holds one that is not compared is an error naming the file and the ``idx``."""
@@ -120,6 +167,9 @@ def run_evaluate(ctx: Context, out: Path, fp: str) -> dict:
             r["gold_logprob"]["value"],
         )
     write_jsonl(out / "per_query.jsonl", per_query)
-    report.write_comparison(out, report.comparison_table(task, results, len(ev), cfg))
+    gap_captured(results, per_query)
+    cost = label_cost(ctx)
+    report.write_comparison(out, report.comparison_table(task, results, len(ev), cfg, cost))
     report.write_paired(out, per_query, list(results), ("correct", *task.extra_metrics))
-    return {"rows": {"eval": len(ev), "retrievers": len(results)}, "extra": {"results": results}}
+    extra = {"results": results, **({"label_cost": cost} if cost else {})}
+    return {"rows": {"eval": len(ev), "retrievers": len(results)}, "extra": extra}

@@ -396,3 +396,56 @@ def test_round_three_follows_round_twos_labels(tmp_path, tiny, tiny_lm_dir, mini
         k for k, v in _all_fps(make(tmp_path, tiny, tiny_lm_dir, minilm_dir, *sets)).items() if base[k] != v
     }
     assert changed == {"round-2/labels", "round-2/encoder", *RUN_STAGES}
+
+
+def test_evaluate_reports_the_labels_cost_and_the_gap_captured(tmp_path, tiny, tiny_lm_dir, minilm_dir):
+    """Issue 48's cost beside gain, in every `epr run`: the LM-scored sequences of both rounds' labels (counted
+    from the scores files: round 2's new ones are those round 1 did not score) and, with BM25 and LM-Oracle run,
+    each other row's share of the gap, recomputed here from the per-example rows."""
+    from epr.reports.stats import gap_fraction_ci
+
+    ctx = make(
+        tmp_path, tiny, tiny_lm_dir, minilm_dir, "select.size=0", "retrieve.retrievers=[bm25,epr,lm-oracle]"
+    )
+    pipeline.run(ctx, until="evaluate")
+    man = json.loads((ctx.stage_dir("evaluate") / "manifest.json").read_text())
+    cost = man["label_cost"]
+    pairs = [
+        {(r["qid"], c) for r in map(json.loads, (x.stage_dir("scores") / "scores.jsonl").read_text().splitlines())
+         for c in r["ids"]}
+        for x in ctx.rounds()
+    ]  # fmt: skip
+    assert [r["sequences"] for r in cost["rounds"]] == [len(p) for p in pairs]
+    assert [r["new"] for r in cost["rounds"]] == [len(pairs[0]), len(pairs[1] - pairs[0])]
+    assert (
+        cost["scored_sequences"] == len(pairs[0] | pairs[1]) < sum(len(p) for p in pairs)
+    )  # round 2 reuses some
+    res = man["results"]
+    per = [json.loads(x) for x in (ctx.stage_dir("evaluate") / "per_query.jsonl").read_text().splitlines()]
+    lp = {k: [q[k]["gold_logprob"] for q in per] for k in ("epr", "bm25", "lm-oracle")}
+    want = gap_fraction_ci(lp["epr"], lp["bm25"], lp["lm-oracle"])
+    got = res["epr"]["oracle_gap_captured"]
+    assert got["gold_logprob"] == pytest.approx(want[0]) and got["gold_logprob_ci"] == pytest.approx(
+        list(want[1:])
+    )
+    assert "oracle_gap_captured" not in res["bm25"] and "oracle_gap_captured" not in res["lm-oracle"]
+    md = (ctx.stage_dir("evaluate") / "results.md").read_text()
+    assert f"Labels: {cost['scored_sequences']:,} LM-scored sequences in all" in md
+    assert "Share of the BM25 -> LM-Oracle gap captured" in md
+
+
+def test_gap_captured_needs_both_references():
+    from epr.stages.evaluate import gap_captured
+
+    per = [{k: {"gold_logprob": v, "correct": c} for k, (v, c) in row.items()} for row in (
+        {"bm25": (-4.0, 0), "epr": (-3.0, 1), "lm-oracle": (-2.0, 1)},
+        {"bm25": (-6.0, 0), "epr": (-4.0, 0), "lm-oracle": (-2.0, 1)},
+    )]  # fmt: skip
+    res = {k: {"oracle": k == "lm-oracle"} for k in ("bm25", "epr", "lm-oracle")}
+    gap_captured(res, per)
+    g = res["epr"]["oracle_gap_captured"]
+    assert g["gold_logprob"] == pytest.approx(((-3.5) - (-5.0)) / ((-2.0) - (-5.0)))  # 0.5
+    assert g["em"] == pytest.approx(0.5)  # EM: BM25 0, epr 0.5, LM-Oracle 1
+    no_oracle = {k: {"oracle": False} for k in ("bm25", "epr")}
+    gap_captured(no_oracle, per)  # negative control: without LM-Oracle there is no gap to share
+    assert "oracle_gap_captured" not in no_oracle["epr"]
