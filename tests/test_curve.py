@@ -266,3 +266,28 @@ def test_rows_from_dir_pools_each_learned_retrievers_exact_match_on_its_own(curv
     assert by["hybrid@100-distill-pooled"]["em"] == pytest.approx(100 * 25 / 40)
     assert by["hybrid@100-distill-pooled"]["p_vs_bm25"] == pytest.approx(curve.mcnemar_exact(15, 0))
     assert len(em["hybrid@100-distill-pooled"]["correct"]) == 3 * n
+
+
+def test_a_rows_label_cost_goes_to_curve_json_and_pools_per_seed(curve, tmp_path):
+    """Issue 48: each learned row carries the LM-scored sequences of its labels (every round); a pooled row lists
+    each seed's (a re-mined round follows its seed's encoder); rows made before the count keep their old shape."""
+    rng = np.random.default_rng(1)
+    bm25 = rng.normal(-10, 1, 20)
+    rows = [_row("bm25", None, None, bm25)]
+    seeds = [42, 1]
+    for s, cost in zip(seeds, (56_000, 55_500)):
+        rows.append(
+            {
+                **_row(curve.seeded("epr@2000-distill", s), "distill", 2000, bm25 + 1, s),
+                "scored_sequences": cost,
+            }
+        )
+    rows.append(_row("epr@1000-distill", "distill", 1000, bm25, 42))  # an old row: no count
+    curve.add_pooled(rows, 2000, "distill", seeds)
+    a = argparse.Namespace(split="dev", name="c", lms="x", labels_info={"sequences": 1, "speed": None})
+    curve.write_curve(tmp_path, rows, **curve_args(a, 0.0))
+    out = json.loads((tmp_path / "curve.json").read_text())["rows"]
+    got = {(r["retriever"], r["labels"], r["seeds"], r.get("seed")): r.get("scored_sequences") for r in out}
+    assert got[("epr", 2000, 1, 42)] == 56_000 and got[("epr", 2000, 1, 1)] == 55_500
+    assert got[("epr", 2000, 2, None)] == [56_000, 55_500]
+    assert got[("epr", 1000, 1, 42)] is None and got[("bm25", None, 1, None)] is None

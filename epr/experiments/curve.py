@@ -56,6 +56,7 @@ from epr.reports.curve import (  # the rows' math and files; re-exported for scr
 )
 from epr.reports.curve_rows import rows_from_dir
 from epr.stages.dense_metric import DenseMetric
+from epr.stages.evaluate import label_cost
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository (configs/, results/)
 
@@ -255,10 +256,16 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         retriever: str, loss: str | None, labels: int | None, ctx: Context, name: str, fp: str, seed=None
     ) -> dict:
         key = row_key(ctx, retriever, fp, len(metric.ev))
-        best = None
+        best, cost = None, None
         if loss is not None and (m := read_manifest(ctx.stage_dir("encoder"))) is not None:
             best = m.get("best_epoch")  # a learned row: which epoch its encoder is (best_by may keep epoch 0)
-        r = cached_row(rows_dir / f"{name}.json", key, lambda: {**metric(ctx, retriever), "best_epoch": best})
+            cost = label_cost(ctx)  # the LM-scored sequences of its labels, every round (issue 48)
+
+        def compute() -> dict:
+            extra = {} if cost is None else {"scored_sequences": cost["scored_sequences"]}
+            return {**metric(ctx, retriever), "best_epoch": best, **extra}
+
+        r = cached_row(rows_dir / f"{name}.json", key, compute)
         best = best if best is not None else r.get("best_epoch")  # a reused row carries its encoder's epoch
         row = {
             "name": name,

@@ -138,6 +138,12 @@ def add_pooled(rows: list[dict], n: int, loss: str, seeds: list[int], retriever:
             "dpo": float(np.mean([r["dpo"] for r in mine])),
             "per_query_logprob": seed_mean([r["per_query_logprob"] for r in mine]),
             "best_epoch": [r.get("best_epoch") for r in mine],
+            # per seed: a re-mined round's candidates follow the seed's round-1 encoder
+            **(
+                {"scored_sequences": [r["scored_sequences"] for r in mine]}
+                if all(r.get("scored_sequences") is not None for r in mine)
+                else {}
+            ),
         }
     )
 
@@ -245,6 +251,8 @@ def curve_rows(rows: list[dict]) -> list[dict]:
             },
             **{k: v for k, v in r.items() if any(k == m or k.startswith(m + "_p_vs_") for m in extra)},
             "train_seconds_or_eval_seconds": r.get("seconds"),
+            # the LM-scored sequences of the row's labels, every round (rows made before it was counted lack it)
+            **({"scored_sequences": r["scored_sequences"]} if r.get("scored_sequences") is not None else {}),
         }
         for r in rows
     ]
