@@ -98,8 +98,86 @@ def headline(e: Experiment, got: Mapping[str, dict]) -> tuple[str | None, dict]:
     }
 
 
+GAP_PLOT = "gap-vs-labels.png"
+
+
+def gap_points(exps: list[Experiment], rows: Mapping[str, dict]) -> list[dict]:
+    """Every learned curve row of a decisive or supporting folder with its share of the BM25 -> LM-Oracle gap
+    (gold log-prob): dataset, split, labels, the share and its interval, the LM-scored sequences where counted. A
+    point of several seeds stands for its single-seed rows (they are not drawn again)."""
+    out = []
+    for e in exps:
+        if e.kind != "curve" or e.status not in ("decisive", "supporting"):
+            continue
+        learned = [r for r in rows[e.name].values() if r.get("loss") and r.get("labels")]
+        most = {}
+        for r in learned:
+            k = (r["retriever"], r["loss"], r["labels"])
+            most[k] = max(most.get(k, 0), r.get("seeds") or 1)
+        for r in learned:
+            gap = lookup(r, "oracle_gap_captured.gold_logprob")
+            if gap is None or (r.get("seeds") or 1) < most[(r["retriever"], r["loss"], r["labels"])]:
+                continue
+            out.append(
+                {
+                    "folder": e.name,
+                    "dataset": e.dataset,
+                    "split": e.split,
+                    "labels": r["labels"],
+                    "gap": gap,
+                    "ci": lookup(r, "oracle_gap_captured_ci.gold_logprob"),
+                    "seeds": r.get("seeds") or 1,
+                    "scored_sequences": r.get("scored_sequences"),
+                }  # fmt: skip
+            )
+    return out
+
+
+def plot_gap(points: list[dict], path: Path) -> None:
+    """Labels (x, log scale) against the share of the oracle gap captured (y), one colour per dataset, filled for
+    locked splits, hollow for dev, bars for the paired bootstrap interval."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    colours = dict(zip(DATASETS, ("tab:blue", "tab:orange", "tab:green", "tab:red")))
+    for ds in DATASETS:
+        for split, filled in (("dev", False), ("locked", True)):
+            pts = [p for p in points if p["dataset"] == ds and p["split"] == split]
+            if not pts:
+                continue
+            c = colours.get(ds, "gray")
+            x = [
+                p["labels"] * (1 + 0.03 * (i % 5 - 2)) for i, p in enumerate(pts)
+            ]  # side by side, not on top
+            y = [p["gap"] for p in pts]
+            err = [[max(0.0, p["gap"] - p["ci"][0]) if p["ci"] else 0.0 for p in pts],
+                   [max(0.0, p["ci"][1] - p["gap"]) if p["ci"] else 0.0 for p in pts]]  # fmt: skip
+            ax.errorbar(x, y, yerr=err, fmt="o", color=c, mfc=c if filled else "white", ms=5, lw=0.8, capsize=2,
+                        label=f"{ds} ({split})")  # fmt: skip
+    ax.axhline(0, color="black", lw=0.6)
+    ax.set_xscale("log")
+    ticks = sorted({p["labels"] for p in points})
+    ax.set_xticks(ticks, [f"{t:,}" for t in ticks])
+    ax.minorticks_off()
+    ax.set_xlabel("LM-labelled training examples")
+    ax.set_ylabel("share of the BM25 -> LM-Oracle gap\n(gold log-prob)")
+    ax.set_title("What the labels buy (learned curve rows; bars: 95% paired bootstrap)", fontsize=10)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def build(results: Path) -> tuple[str, dict[str, str]]:
     """``results/README.md``'s text and the generated READMEs of folders that have none (folder -> text)."""
+    text, readmes, _ = _build(results)
+    return text, readmes
+
+
+def _build(results: Path) -> tuple[str, dict[str, str], list[dict]]:
     exps = [load(f) for f in folders(results)]
     rows = {e.name: recompute(e)[0] for e in exps}
     out = [
@@ -112,6 +190,8 @@ def build(results: Path) -> tuple[str, dict[str, str]]:
         "(BREAK). p: the headline row against the better of BM25 and SBERT in that metric (exact McNemar / sign",
         "test); Holm: adjusted over every locked test of the dataset (the ledger below). Gold log-prob gain over BM25",
         "with Wilcoxon p and the mean's t-test p. Gap: fraction of the BM25 -> LM-Oracle gold log-prob gap captured.",
+        "",
+        f"![The share of the oracle gap against the number of labels, every learned curve row]({GAP_PLOT})",
         "",
     ]
     ledger_lines: list[str] = []
@@ -188,7 +268,7 @@ def build(results: Path) -> tuple[str, dict[str, str]]:
     readmes = {
         e.name: folder_readme(e, families.get(e.dataset, {})) for e in exps if not e.extra.get("readme_by")
     }
-    return "\n".join(out) + "\n", readmes
+    return "\n".join(out) + "\n", readmes, gap_points(exps, rows)
 
 
 END = "<!-- end of the generated part: what follows is written by hand -->"
@@ -247,9 +327,10 @@ def folder_readme(e: Experiment, fam: Mapping | None = None) -> str:
 
 def write(results: Path) -> list[Path]:
     """Write ``results/README.md`` and the generated folder READMEs; the paths written."""
-    text, readmes = build(results)
-    written = [Path(results) / "README.md"]
+    text, readmes, points = _build(results)
+    written = [Path(results) / "README.md", Path(results) / GAP_PLOT]
     written[0].write_text(text, encoding="utf-8")
+    plot_gap(points, written[1])
     for name, t in readmes.items():
         p = next(f for f in folders(results) if f.name == name) / "README.md"
         p.write_text(t, encoding="utf-8")

@@ -220,3 +220,22 @@ def test_a_slices_folder_recomputes_its_pairs_and_fails_on_a_changed_value(tmp_p
     assert any("b:hybrid-vs-a:hybrid.gain" in p for p in checking.check(folder))
     put("b", [{**r, "idx": r["idx"] + 1} for r in rows])  # other examples
     assert any("same examples" in p for p in checking.check(folder))
+
+
+def test_the_gap_plot_draws_each_learned_point_once(tmp_path):
+    """results/gap-vs-labels.png (issue 48): every decisive or supporting curve folder's learned rows with a gap,
+    a several-seed point standing for its own seeds; superseded folders are not drawn."""
+    exps = [load(f) for f in checking.folders(RESULTS)]
+    rows = {e.name: checking.recompute(e)[0] for e in exps if e.kind == "curve"}
+    exps = [e for e in exps if e.kind == "curve"]
+    pts = index.gap_points(exps, rows)
+    assert {p["dataset"] for p in pts} == {"mtop", "break", "smcalflow"}
+    assert not {p["folder"] for p in pts} & {e.name for e in exps if e.status == "superseded"}
+    three = [p for p in pts if p["folder"] == "mtop-curve-round2-locked"]
+    assert [p["seeds"] for p in three] == [3]  # the pooled row, not its three seeds again
+    want = rows["mtop-curve-round2-locked"]["epr@2000-distill-pooled"]["oracle_gap_captured"]["gold_logprob"]
+    assert three[0]["gap"] == pytest.approx(want) and three[0]["labels"] == 2000
+    sizes = sorted(p["labels"] for p in pts if p["folder"] == "mtop-curve-sizes")
+    assert sizes[0] == 250 and sizes[-1] == 2000
+    index.plot_gap(pts, tmp_path / "gap.png")
+    assert (tmp_path / "gap.png").stat().st_size > 10_000
