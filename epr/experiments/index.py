@@ -13,6 +13,7 @@ from pathlib import Path
 
 from epr.experiments.check import folders, lookup, recompute
 from epr.experiments.declaration import DATASETS, PREREGISTERED_FROM, Experiment, load
+from epr.reports.plots import plot_gap
 from epr.reports.stats import holm
 
 __all__ = ["build", "write", "family", "headline", "PAPER_METRIC", "fmt_p"]
@@ -131,44 +132,6 @@ def gap_points(exps: list[Experiment], rows: Mapping[str, dict]) -> list[dict]:
                 }  # fmt: skip
             )
     return out
-
-
-def plot_gap(points: list[dict], path: Path) -> None:
-    """Labels (x, log scale) against the share of the oracle gap captured (y), one colour per dataset, filled for
-    locked splits, hollow for dev, bars for the paired bootstrap interval."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    colours = dict(zip(DATASETS, ("tab:blue", "tab:orange", "tab:green", "tab:red")))
-    for ds in DATASETS:
-        for split, filled in (("dev", False), ("locked", True)):
-            pts = [p for p in points if p["dataset"] == ds and p["split"] == split]
-            if not pts:
-                continue
-            c = colours.get(ds, "gray")
-            x = [
-                p["labels"] * (1 + 0.03 * (i % 5 - 2)) for i, p in enumerate(pts)
-            ]  # side by side, not on top
-            y = [p["gap"] for p in pts]
-            err = [[max(0.0, p["gap"] - p["ci"][0]) if p["ci"] else 0.0 for p in pts],
-                   [max(0.0, p["ci"][1] - p["gap"]) if p["ci"] else 0.0 for p in pts]]  # fmt: skip
-            ax.errorbar(x, y, yerr=err, fmt="o", color=c, mfc=c if filled else "white", ms=5, lw=0.8, capsize=2,
-                        label=f"{ds} ({split})")  # fmt: skip
-    ax.axhline(0, color="black", lw=0.6)
-    ax.set_xscale("log")
-    ticks = sorted({p["labels"] for p in points})
-    ax.set_xticks(ticks, [f"{t:,}" for t in ticks])
-    ax.minorticks_off()
-    ax.set_xlabel("LM-labelled training examples")
-    ax.set_ylabel("share of the BM25 -> LM-Oracle gap\n(gold log-prob)")
-    ax.set_title("What the labels buy (learned curve rows; bars: 95% paired bootstrap)", fontsize=10)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 def build(results: Path) -> tuple[str, dict[str, str]]:
@@ -330,7 +293,7 @@ def write(results: Path) -> list[Path]:
     text, readmes, points = _build(results)
     written = [Path(results) / "README.md", Path(results) / GAP_PLOT]
     written[0].write_text(text, encoding="utf-8")
-    plot_gap(points, written[1])
+    plot_gap(points, written[1], DATASETS)
     for name, t in readmes.items():
         p = next(f for f in folders(results) if f.name == name) / "README.md"
         p.write_text(t, encoding="utf-8")

@@ -30,7 +30,6 @@ __all__ = [
     "attach_em",
     "paired_logprob",
     "write_curve",
-    "plot_curve",
 ]
 
 
@@ -367,42 +366,6 @@ def write_curve(
             + f"{gp} |"
         )
     atomic_write_text(out / "curve.md", "\n".join(lines) + "\n")
-    plot_curve(out, slim)
+    from epr.reports.plots import plot_curve
 
-
-def plot_curve(out: Path, rows: list[dict]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for ax, key, label in (
-        (axes[0], "gold_logprob", "gold log-prob (nats, higher is better)"),
-        (axes[1], "em", "exact match (%)"),
-    ):
-        refs = [r for r in rows if r["loss"] is None and r[key] is not None]
-        for i, r in enumerate(refs):
-            ax.axhline(r[key], ls="--", lw=1, color=f"C{i + 3}", label=r["retriever"])
-        lines = sorted({(r["retriever"], r["loss"]) for r in rows if r["loss"]})  # (epr | hybrid, loss)
-        for j, (retriever, loss) in enumerate(lines):
-            best = {}  # per point: the pooled row where seeds were pooled, else the base seed's
-            for r in rows:
-                mine = r["retriever"] == retriever and r["loss"] == loss and r[key] is not None
-                if mine and (r["seeds"] > 1 or r["seed"] == BASE_SEED):
-                    if r["labels"] not in best or r["seeds"] > best[r["labels"]]["seeds"]:
-                        best[r["labels"]] = r
-            pts = sorted((n, r[key]) for n, r in best.items())
-            if pts:
-                name = "EPR" if retriever == "epr" else f"{retriever} (EPR + BM25)"
-                ax.plot(*zip(*pts), "o-", color=f"C{j}", label=f"{name} ({loss})")
-        ax.set(xscale="log", xlabel="LM-labelled training examples", ylabel=label)
-        if ax.has_data():
-            ax.legend(fontsize=7)
-        else:  # e.g. exact match where it was not run (--em none)
-            ax.text(0.5, 0.5, "not measured", ha="center", va="center", transform=ax.transAxes)
-    axes[0].set_title("dense metric, every point")
-    axes[1].set_title("exact match, deciding rows")
-    fig.tight_layout()
-    fig.savefig(out / "curve.png", dpi=120)
-    plt.close(fig)
+    plot_curve(out, slim, BASE_SEED)

@@ -237,5 +237,5 @@ def test_the_gap_plot_draws_each_learned_point_once(tmp_path):
     assert three[0]["gap"] == pytest.approx(want) and three[0]["labels"] == 2000
     sizes = sorted(p["labels"] for p in pts if p["folder"] == "mtop-curve-sizes")
     assert sizes[0] == 250 and sizes[-1] == 2000
-    index.plot_gap(pts, tmp_path / "gap.png")
+    index.plot_gap(pts, tmp_path / "gap.png", ("mtop", "break", "smcalflow"))
     assert (tmp_path / "gap.png").stat().st_size > 10_000
