@@ -19,10 +19,10 @@ one that fails is recorded with its error and the run goes on.
    in bf16 (``models.dtype: auto`` on CUDA): 256 queries x L = 16 candidates shaped as MTOP's with SmolLM2's tokenizer
    (benchmarks/results/scoring-zen5.md: ~72 tokens a sequence: a demonstration of 24-48, the query's input of 8-16,
    its output of 16-32 the target; each demonstration in ~5 sequences). Batched (``score_ids``) and prefix-shared
-   (``score_prefixed``, the stage's default), ``scoring.batch_tokens`` 4096 (the default) and 16384.
+   (``score_prefixed``, the stage's default), ``scoring.batch_tokens`` 4096 and 16384 (a GPU's default).
 2. **Generation**, the lean decoder (``epr.lm.generate.Generator``, engine ``lean``: the predict stage's): 256 prompts
    of 120-220 tokens, greedy, 100 new tokens each (no stop string nor end-of-sequence id: a random LM would stop at
-   random), ``generate.decode_rows`` 64 (the default) and 256.
+   random), ``generate.decode_rows`` 64 (a CPU's default) and 256 (a GPU's).
 3. **Dual-encoder training steps**: two towers of all-MiniLM-L6-v2's and of all-mpnet-base-v2's shape, the recipe's
    loss (``train.loss: distill``, cosine, 32 queries x ``list_size`` 8 candidates, the others' as in-batch negatives;
    ``epr.encoder.losses.group_loss``), backward, an AdamW step; fp32 (``train.mixed_precision: no``, the default) and

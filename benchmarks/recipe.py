@@ -122,7 +122,8 @@ def table(rows: list[dict], info: dict) -> str:
         lines += [
             f"**Estimated, not measured: on one {g['device_name']}**, the counted work at the rates "
             f"`benchmarks.gpu_stages` measured there (random-init models of the same shapes; GPU sizes: "
-            f"`scoring.batch_tokens` 16384, `generate.decode_rows` 256), stages off the GPU's LM path at their time "
+            f"`scoring.batch_tokens` {g['sizes']['scoring.batch_tokens']}, `generate.decode_rows` "
+            f"{g['sizes']['generate.decode_rows']}), stages off the GPU's LM path at their time "
             f"here (`benchmarks/recipe_work.py`, `gpu_estimate`): **{g['total_s'] / 60:.1f} min** in all, of which "
             f"the LM and training stages {g['lm_and_training_s']:.0f} s (model loading not counted).",
             "",
@@ -168,7 +169,7 @@ def main() -> None:
     if a.redraw:
         raw = json.loads(Path(a.redraw).read_text())
         add_estimates(raw["stages"], raw["info"])
-        return save(Path(a.redraw).stem, raw, table(raw["stages"], raw["info"]))
+        return save(Path(a.redraw).stem, raw, table(raw["stages"], raw["info"]), Path(a.redraw).parent)
     sets = [*a.set]
     epr = [sys.executable, "-m", "epr.cli"]
     t0 = time.time()

@@ -316,6 +316,7 @@ def gpu_estimate(rows: list[dict], gpu: dict) -> dict:
         out.append({"stage": r["stage"], "seconds_here": r["seconds"], "seconds": s, "how": how})
     return {
         "device_name": gpu["device_name"],
+        "sizes": {"scoring.batch_tokens": tokens, "generate.decode_rows": rows_},
         "rates": {
             "scoring_tok_s": shared,
             "prefill_tok_s": batched,

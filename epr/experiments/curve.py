@@ -256,12 +256,12 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         retriever: str, loss: str | None, labels: int | None, ctx: Context, name: str, fp: str, seed=None
     ) -> dict:
         key = row_key(ctx, retriever, fp, len(metric.ev))
-        best, cost = None, None
+        best = None
         if loss is not None and (m := read_manifest(ctx.stage_dir("encoder"))) is not None:
             best = m.get("best_epoch")  # a learned row: which epoch its encoder is (best_by may keep epoch 0)
-            cost = label_cost(ctx)  # the LM-scored sequences of its labels, every round (issue 48)
 
         def compute() -> dict:
+            cost = label_cost(ctx) if loss is not None else None  # its labels' LM-scored sequences (issue 48)
             extra = {} if cost is None else {"scored_sequences": cost["scored_sequences"]}
             return {**metric(ctx, retriever), "best_epoch": best, **extra}
 

@@ -22,12 +22,14 @@ DTYPES = ("auto", "bf16", "fp32")
 
 # Batch sizes whose best value depends on the device, used where the config leaves them null: (CPU, GPU). The GPU's
 # from the H200 sweep (benchmarks/results/gpu-stages-nvidia-h200-sweep.md and gpu-stages-nvidia-h200.md): the scorer
-# at 16,384 padded tokens 2.2x its rate at 4,096 (SmolLM2-135M's shape, prefix-shared; no gain past 16,384, and
-# 262,144 ran out of memory with Llama-3.2-1B's vocabulary), the lean decoder at 256 rows 4.5x its rate at 64 (256 on
+# at 16,384 padded tokens 2.2x its rate at 4,096 (SmolLM2-135M's shape, prefix-shared; past 16,384 batched scoring
+# got slower and prefix-shared 10% faster at 262,144, which ran out of memory with Llama-3.2-1B's vocabulary), the lean decoder at 256 rows 4.5x its rate at 64 (256 on
 # a 1B model with 1,100-token prompts is ~9 GB of KV cache: kept at 256, not the sweep's faster 1,024, for smaller
 # GPUs); generation chunks of 4x the rows, so a chunk keeps its steps full. The CPU's are the sizes every shipped
 # config ran with before (configs/base.yaml's 2048 tokens, fastest on the 2-core AMX machine:
-# benchmarks/results/scoring.md; 64 rows in chunks of 256: benchmarks/results/generate-*.md), so CPU keys stay.
+# benchmarks/results/scoring.md; 64 rows in chunks of 256: benchmarks/results/generate-*.md), so their CPU keys
+# stay. A config that does not inherit base.yaml scored bf16 at the old dataclass default, 4096: it now gets 2048 and
+# new keys (its bf16 scores are computed again; fp32 keys do not name the batch).
 DEVICE_SIZES = {
     "scoring.batch_tokens": (2048, 16384),
     "generate.decode_rows": (64, 256),

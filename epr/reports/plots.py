@@ -57,10 +57,10 @@ def plot_gap(points: list[dict], path: Path, datasets: tuple[str, ...]) -> None:
     fig, ax = plt.subplots(figsize=(7, 4.2))
     colours = dict(zip(datasets, ("tab:blue", "tab:orange", "tab:green", "tab:red")))
     for ds in datasets:
-        for split, filled in (("dev", False), ("locked", True)):
-            pts = [p for p in points if p["dataset"] == ds and p["split"] == split]
-            if not pts:
-                continue
+        for split in sorted(
+            {p["split"] for p in points if p["dataset"] == ds}
+        ):  # dev hollow, locked parts filled
+            pts, filled = [p for p in points if p["dataset"] == ds and p["split"] == split], split != "dev"
             c = colours.get(ds, "gray")
             x = [
                 p["labels"] * (1 + 0.03 * (i % 5 - 2)) for i, p in enumerate(pts)

@@ -131,17 +131,17 @@ def comparison_table(task, results: dict, n: int, cfg, label_cost: dict | None =
         "the answer's tokens; DPO: mean log sigmoid(that - the same without demonstrations). "
         "Paper: GPT-Neo 2.7B (SPEC 2.8)."
     ]
-    gaps = [(k, v["oracle_gap_captured"]) for k, v in items if v.get("oracle_gap_captured")]
+    gaps = [
+        (k, {**v["oracle_gap_captured"], "ci": v["oracle_gap_captured_ci"]["gold_logprob"]})
+        for k, v in items
+        if v.get("oracle_gap_captured")
+    ]
     if gaps:
         notes.append(
             "Share of the BM25 -> LM-Oracle gap captured (gold log-prob, 95% paired bootstrap; exact match): "
             + "; ".join(
                 f"{k} {g['gold_logprob']:.2f}"
-                + (
-                    f" [{g['gold_logprob_ci'][0]:.2f}, {g['gold_logprob_ci'][1]:.2f}]"
-                    if g["gold_logprob_ci"]
-                    else ""
-                )
+                + (f" [{g['ci'][0]:.2f}, {g['ci'][1]:.2f}]" if g["ci"] else "")
                 + (f", EM {g['em']:.2f}" if g["em"] is not None else "")
                 for k, g in gaps
                 if g["gold_logprob"] is not None

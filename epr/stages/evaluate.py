@@ -91,11 +91,12 @@ def gap_captured(results: dict, per_query: list[dict]) -> None:
             continue
         point, lo, hi = gap_fraction_ci(lp[name], lp["bm25"], lp["lm-oracle"])
         b, o = np.mean(em["bm25"]), np.mean(em["lm-oracle"])
+        # the curve rows' layout: {metric: share}, and the interval apart
         r["oracle_gap_captured"] = {
             "gold_logprob": None if np.isnan(point) else point,
-            "gold_logprob_ci": None if np.isnan(lo) else [lo, hi],
             "em": None if o == b else float((np.mean(em[name]) - b) / (o - b)),
         }
+        r["oracle_gap_captured_ci"] = {"gold_logprob": None if np.isnan(lo) else [lo, hi]}
 
 
 def label_cost(ctx: Context) -> dict | None:

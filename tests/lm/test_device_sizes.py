@@ -1,7 +1,8 @@
 """Batch sizes that depend on the device (``epr.lm.identity.DEVICE_SIZES``, issue 49): a null config value takes the
 CPU's size on a CPU and the GPU's on a GPU, an explicit value always wins, and on a CPU every key that names them is
-the same as when they were fixed numbers in ``configs/base.yaml`` and the config's defaults (so caches and committed
-runs made before stay valid)."""
+the same as when they were fixed numbers in ``configs/base.yaml`` (2048 tokens) and the config's defaults (64 rows,
+256 prompts), so caches and committed runs made before stay valid. (A config that does not inherit base.yaml scored
+bf16 at 4096 tokens before; it now gets 2048, and new keys.)"""
 
 from __future__ import annotations
 
