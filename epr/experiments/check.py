@@ -18,7 +18,7 @@ from epr.experiments.declaration import Experiment, load
 from epr.reports.curve import attach_em, curve_rows, seeded
 from epr.reports.curve_rows import rows_from_dir
 from epr.reports.served import served_report
-from epr.reports.stats import paired_gain
+from epr.reports.stats import gap_fraction_ci, paired_gain
 
 __all__ = ["recompute", "check", "check_all", "row_name", "folders", "lookup"]
 
@@ -122,34 +122,66 @@ def _run(folder: Path, exp: Experiment) -> tuple[dict[str, dict], list[str]]:
 
 
 def _slices(folder: Path, exp: Experiment) -> tuple[dict[str, dict], list[str]]:
-    """Runs' selection slices (``rows/select-<variant>.jsonl.gz``, a run's ``select/per_example.jsonl``: gold
-    log-prob per held-out pool example and retriever), for choices made on the training pool: a row per variant and
-    retriever (``bf16:hybrid``: its mean), and per ``extra.pairs`` entry ``"A B"`` (``fp32:hybrid bf16:hybrid``) a
-    row ``B-vs-A`` with the paired gain, its 95% bootstrap interval and the Wilcoxon p (``compare_rows``)."""
-    from epr.experiments.compare_rows import compare, load_select
+    """Runs' rows side by side, for choices made on dev or on the training pool. A side ``<variant>:<retriever>``
+    reads ``rows/select-<variant>.jsonl.gz`` (a run's selection slice: gold log-prob per held-out pool example),
+    ``rows/per_query-<variant>.jsonl.gz`` (a run's evaluation rows: gold log-prob and ``extra.metric`` per
+    example) or ``rows/<variant>.json`` (a curve row of ``retriever``: gold log-prob). A row per side (its mean; ``em``
+    where it has the metric); per ``extra.pairs`` entry ``"A B"`` (``fp32:hybrid bf16:hybrid``) a row ``B-vs-A``
+    with the paired gain, its 95% bootstrap interval and the Wilcoxon p (``compare_rows``), and ``B-vs-A:em`` with
+    McNemar's where both sides have the metric. ``extra.gap`` (``{base: side, top: side}``): every other side's
+    ``oracle_gap_captured`` (and ``_ci``), the fraction of the base -> top gold log-prob gap it closes, paired."""
+    from epr.experiments.compare_rows import compare, load_per_query, load_select
 
     got: dict[str, dict] = {}
     problems: list[str] = []
     loaded: dict[str, dict] = {}
+    metric = exp.extra.get("metric", "correct")
 
     def side(spec: str) -> dict:
         variant, retriever = spec.split(":")
         if spec not in loaded:
-            loaded[spec] = load_select(folder / "rows" / f"select-{variant}.jsonl.gz", retriever)
+            rows = folder / "rows"
+            if (f := rows / f"select-{variant}.jsonl.gz").exists():
+                loaded[spec] = load_select(f, retriever)
+            elif (f := rows / f"per_query-{variant}.jsonl.gz").exists():
+                loaded[spec] = load_per_query(f, retriever, metric)
+            else:
+                row = json.loads((rows / f"{variant}.json").read_text())
+                if row.get("key", {}).get("retriever") != retriever:
+                    raise ValueError(f"rows/{variant}.json is not a {retriever!r} row")
+                loaded[spec] = row
             vals = [v for v in loaded[spec]["per_query_logprob"] if v is not None]
             got[spec] = {"gold_logprob": float(np.mean(vals)), "n": len(vals)}
+            if "correct" in loaded[spec]:
+                got[spec]["em"] = 100 * float(np.mean(loaded[spec]["correct"]))
         return loaded[spec]
 
     for pair in exp.extra.get("pairs", []):
         a, b = pair.split()
         try:
             r = compare(side(a), side(b), a, b)
+            got[f"{b}-vs-{a}"] = {
+                k: r[k] for k in ("n", "gain", "gain_ci", "median_gain", "win_rate", "p_wilcoxon")
+            }
+            if "correct" in side(a) and "correct" in side(b):
+                r = compare(side(a), side(b), a, b, metric="exact_match")
+                got[f"{b}-vs-{a}:em"] = {
+                    k: r[k] for k in ("n", "em_a", "em_b", "only_a", "only_b", "p_mcnemar")
+                }
         except (OSError, ValueError) as e:
             problems.append(f"pair {pair!r}: {e}")
-            continue
-        got[f"{b}-vs-{a}"] = {
-            k: r[k] for k in ("n", "gain", "gain_ci", "median_gain", "win_rate", "p_wilcoxon")
-        }
+    if gap := exp.extra.get("gap"):
+        try:
+            base, top = side(gap["base"]), side(gap["top"])
+            for spec in [s for s in list(got) if s in loaded and s not in (gap["base"], gap["top"])]:
+                row = loaded[spec]["per_query_logprob"]
+                if not len(row) == len(base["per_query_logprob"]) == len(top["per_query_logprob"]):
+                    raise ValueError(f"{spec}, {gap['base']} and {gap['top']} do not hold the same examples")
+                point, lo, hi = gap_fraction_ci(row, base["per_query_logprob"], top["per_query_logprob"])
+                got[spec]["oracle_gap_captured"] = {"gold_logprob": point}
+                got[spec]["oracle_gap_captured_ci"] = {"gold_logprob": [lo, hi]}
+        except (OSError, ValueError, KeyError) as e:
+            problems.append(f"gap {gap!r}: {e}")
     return got, problems
 
 

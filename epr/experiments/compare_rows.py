@@ -70,6 +70,26 @@ def load_select(path: Path, retriever: str) -> dict:
     return {"per_query_logprob": [r[retriever] for r in rows], "idx": [r["idx"] for r in rows]}
 
 
+def load_per_query(path: Path, retriever: str, metric: str = "correct") -> dict:
+    """A run's evaluation rows (``<run>/evaluate/per_query.jsonl``, or committed as ``rows/per_query-*.jsonl.gz``)
+    as one retriever's row, in ``idx`` order: its gold log-prob (dense) and its ``metric`` per example (exact
+    match: ``correct``; BREAK: ``lf_em``), so two runs' evaluations of the same examples pair both ways."""
+    raw = path.read_bytes()
+    text = (gzip.decompress(raw) if path.name.endswith(".gz") else raw).decode()
+    rows = sorted((json.loads(x) for x in text.splitlines() if x.strip()), key=lambda r: r["idx"])
+    if not rows or retriever not in rows[0]:
+        have = sorted(k for k, v in rows[0].items() if isinstance(v, dict)) if rows else "no rows"
+        raise ValueError(f"{path}: no {retriever!r} rows (has {have})")
+    cells = [r[retriever] for r in rows]
+    if any(metric not in c for c in cells):
+        raise ValueError(f"{path}: {retriever!r} rows without {metric!r}")
+    return {
+        "per_query_logprob": [c.get("gold_logprob") for c in cells],
+        "idx": [r["idx"] for r in rows],
+        "correct": [float(c[metric]) for c in cells],
+    }
+
+
 def load_one(spec: str) -> dict:
     """A row file, or ``<run>/select/per_example.jsonl:<retriever>`` (a run's selection slice)."""
     if ".jsonl:" in spec or ".jsonl.gz:" in spec:
@@ -84,9 +104,10 @@ def load_side(spec: str) -> dict:
     return pool([load_one(p) for p in spec.split(",") if p], spec)
 
 
-def compare(a: dict, b: dict, name_a: str = "A", name_b: str = "B") -> dict:
-    """B against A on the same examples (dense rows or exact-match rows; see the module doc)."""
-    if "per_query_logprob" in a and "per_query_logprob" in b:
+def compare(a: dict, b: dict, name_a: str = "A", name_b: str = "B", metric: str | None = None) -> dict:
+    """B against A on the same examples (dense rows or exact-match rows; see the module doc). Rows that hold both
+    (a run's evaluation rows) compare in gold log-prob unless ``metric="exact_match"``."""
+    if metric != "exact_match" and "per_query_logprob" in a and "per_query_logprob" in b:
         la, lb = a["per_query_logprob"], b["per_query_logprob"]
         if "idx" in a and "idx" in b and a["idx"] != b["idx"]:
             raise ValueError(f"{name_a} and {name_b} do not hold the same examples (idx)")

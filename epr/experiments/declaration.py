@@ -7,7 +7,7 @@ tolerances. ``epr experiment check`` recomputes those numbers from the folder's 
     split: locked                 # dev | locked | dialogue-dev | dialogue-locked | test | none
     status: decisive              # decisive | supporting | superseded | diagnostic | planned (not run yet)
     date: 2026-11-25
-    kind: curve                   # curve (rows/ + curve.json) | run (an epr run's rows) | other (nothing to recompute)
+    kind: curve                   # curve (rows/ + curve.json) | run (an epr run's rows) | slices | other
     seeds: [42, 1, 2]
     preregistration: ../mtop-curve-round2/PREREGISTRATION.md   # or null
     commands: [python scripts/learning_curve.py ...]

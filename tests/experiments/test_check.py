@@ -9,6 +9,7 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
@@ -239,3 +240,68 @@ def test_the_gap_plot_draws_each_learned_point_once(tmp_path):
     assert sizes[0] == 250 and sizes[-1] == 2000
     index.plot_gap(pts, tmp_path / "gap.png", ("mtop", "break", "smcalflow"))
     assert (tmp_path / "gap.png").stat().st_size > 10_000
+
+
+def test_a_slices_folder_pairs_two_runs_evaluation_rows_in_both_metrics_with_the_gap(tmp_path):
+    """Issue 48's dev choices: two runs' evaluation rows of the same examples (``rows/per_query-<run>.jsonl.gz``)
+    pair in gold log-prob and in exact match (McNemar's), and ``extra.gap`` gives each side the share of the
+    base -> top gap it closes; a curve row (``rows/<name>.json``) serves as the top. The committed MTOP locked rows as
+    run A; B the same examples with epr 0.5 nats higher and its first 40 wrong answers right."""
+    src = RESULTS / "mtop-default-recipe" / "rows" / "per_query-locked.jsonl.gz"
+    rows = [json.loads(x) for x in gzip.decompress(src.read_bytes()).splitlines()]
+    folder = tmp_path / "results" / "runs"
+    (folder / "rows").mkdir(parents=True)
+
+    def put(name, rs):
+        (folder / "rows" / f"per_query-{name}.jsonl.gz").write_bytes(
+            gzip.compress("".join(json.dumps(r) + "\n" for r in rs).encode())
+        )
+
+    wrong = [r["idx"] for r in rows if not r["epr"]["correct"]][:40]
+    b = [
+        {
+            **r,
+            "epr": {
+                **r["epr"],
+                "gold_logprob": r["epr"]["gold_logprob"] + 0.5,
+                "correct": r["epr"]["correct"] or r["idx"] in wrong,
+            },
+        }
+        for r in rows
+    ]
+    put("a", rows)
+    put("b", b[::-1])  # another order: paired by idx
+    bm25 = [r["bm25"]["gold_logprob"] for r in rows]
+    top = {"key": {"retriever": "lm-oracle"}, "per_query_logprob": [v + 2.0 for v in bm25]}
+    (folder / "rows" / "oracle.json").write_text(json.dumps(top))
+    epr_a = float(np.mean([r["epr"]["gold_logprob"] for r in rows]))
+    share = (epr_a + 0.5 - float(np.mean(bm25))) / 2.0
+    decl = {
+        "title": "t",
+        "dataset": "mtop",
+        "split": "dev",
+        "status": "diagnostic",
+        "date": "2026-11-27",
+        "kind": "slices",
+        "outcome": "b's epr is 0.5 nats above a's",
+        "extra": {"pairs": ["a:epr b:epr"], "gap": {"base": "a:bm25", "top": "oracle:lm-oracle"}},
+        "expected": [
+            {"row": "b:epr-vs-a:epr", "field": "gain", "value": 0.5, "tol": 1e-9},
+            {"row": "b:epr-vs-a:epr:em", "field": "only_b", "value": 40},
+            {"row": "b:epr", "field": "oracle_gap_captured.gold_logprob", "value": share, "tol": 1e-9},
+        ],
+    }
+    (folder / "experiment.yaml").write_text(declare.dump(decl))
+    assert checking.check(folder) == []
+    got, _ = checking.recompute(load(folder))
+    em = got["b:epr-vs-a:epr:em"]
+    assert (em["only_a"], em["em_b"] - em["em_a"]) == (0, pytest.approx(100 * 40 / len(rows)))
+    assert em["p_mcnemar"] < 1e-9 and got["b:epr"]["em"] == pytest.approx(em["em_b"])
+    lo, hi = got["b:epr"]["oracle_gap_captured_ci"]["gold_logprob"]
+    assert lo < share < hi
+    assert "oracle_gap_captured" not in got["a:bm25"]  # the base itself
+    put("b", [{**r, "epr": {**r["epr"], "gold_logprob": r["epr"]["gold_logprob"] + 0.6}} for r in b])
+    assert any("b:epr-vs-a:epr.gain" in p for p in checking.check(folder))
+    top["key"]["retriever"] = "bm25"  # the top row is not the oracle the side names
+    (folder / "rows" / "oracle.json").write_text(json.dumps(top))
+    assert any("not a 'lm-oracle' row" in p for p in checking.check(folder))
