@@ -184,18 +184,26 @@ def test_record_remakes_a_committed_run_folder_value_for_value(tmp_path):
     assert {(t.row, t.field) for t in now.tests} == {(t.row, t.field) for t in was.tests}
 
 
-def test_a_slices_folder_recomputes_its_pairs_and_fails_on_a_changed_value(tmp_path):
-    """``kind: slices``: runs' selection slices (choices made on held-out pool examples), paired by ``idx``; the
-    committed MTOP select slice as variant A, and B the same examples with hybrid 0.5 nats higher on each."""
-    src = RESULTS / "mtop-default-recipe" / "rows" / "select-per_example.jsonl.gz"
-    rows = [json.loads(x) for x in gzip.decompress(src.read_bytes()).splitlines()]
+def _slices_folder(tmp_path, src: str, prefix: str):
+    """The committed MTOP default-recipe rows ``rows/<src>.jsonl.gz``, an empty slices folder, and a writer of its
+    ``rows/<prefix>-<variant>.jsonl.gz``."""
+    path = RESULTS / "mtop-default-recipe" / "rows" / f"{src}.jsonl.gz"
+    rows = [json.loads(x) for x in gzip.decompress(path.read_bytes()).splitlines()]
     folder = tmp_path / "results" / "slices"
     (folder / "rows").mkdir(parents=True)
 
     def put(name, rs):
-        (folder / "rows" / f"select-{name}.jsonl.gz").write_bytes(
+        (folder / "rows" / f"{prefix}-{name}.jsonl.gz").write_bytes(
             gzip.compress("".join(json.dumps(r) + "\n" for r in rs).encode())
         )
+
+    return rows, folder, put
+
+
+def test_a_slices_folder_recomputes_its_pairs_and_fails_on_a_changed_value(tmp_path):
+    """``kind: slices``: runs' selection slices (choices made on held-out pool examples), paired by ``idx``; the
+    committed MTOP select slice as variant A, and B the same examples with hybrid 0.5 nats higher on each."""
+    rows, folder, put = _slices_folder(tmp_path, "select-per_example", "select")
 
     put("a", rows)
     put("b", [{**r, "hybrid": r["hybrid"] + 0.5} for r in reversed(rows)])  # another order: paired by idx
@@ -247,15 +255,7 @@ def test_a_slices_folder_pairs_two_runs_evaluation_rows_in_both_metrics_with_the
     pair in gold log-prob and in exact match (McNemar's), and ``extra.gap`` gives each side the share of the
     base -> top gap it closes; a curve row (``rows/<name>.json``) serves as the top. The committed MTOP locked rows as
     run A; B the same examples with epr 0.5 nats higher and its first 40 wrong answers right."""
-    src = RESULTS / "mtop-default-recipe" / "rows" / "per_query-locked.jsonl.gz"
-    rows = [json.loads(x) for x in gzip.decompress(src.read_bytes()).splitlines()]
-    folder = tmp_path / "results" / "runs"
-    (folder / "rows").mkdir(parents=True)
-
-    def put(name, rs):
-        (folder / "rows" / f"per_query-{name}.jsonl.gz").write_bytes(
-            gzip.compress("".join(json.dumps(r) + "\n" for r in rs).encode())
-        )
+    rows, folder, put = _slices_folder(tmp_path, "per_query-locked", "per_query")
 
     wrong = [r["idx"] for r in rows if not r["epr"]["correct"]][:40]
     b = [
