@@ -19,6 +19,8 @@ HELP = """Experiments as data: every results folder declares what it is (experim
     epr experiment index                      # write results/README.md (decisive rows, the ledger of locked looks)
     epr experiment index --check              # fail if results/README.md is not what the folders say
     epr experiment declare results/NEW        # a draft experiment.yaml for a new folder
+    epr experiment record runs/mtop results/NEW --part locked   # an epr run's evaluation as a folder
+    epr experiment record runs/mtop-4000 results/NEW --as r4000  # a run as one side of a slices folder
     epr experiment run results/FOLDER         # rerun it from scratch into runs/rerun/FOLDER (resumable), then
                                               # compare the rerun's rows with the numbers the folder declares
 """
@@ -46,7 +48,18 @@ def add_parser(sub) -> None:
     )
     p.add_argument("--overwrite", action="store_true", help="declare: replace an existing experiment.yaml")
     p.add_argument("--dry-run", action="store_true", help="run: print the commands, run nothing")
-    p.add_argument("--part", choices=("dev", "locked"), default="locked", help="record: the compared part")
+    p.add_argument(
+        "--part",
+        choices=("dev", "locked"),
+        default=None,
+        help="record: the compared part (locked; --as: dev)",
+    )
+    p.add_argument(
+        "--as",
+        dest="side",
+        metavar="NAME",
+        help="record: the run as side NAME of a slices folder (runs side by side: rows/per_query-NAME.jsonl.gz)",
+    )
     p.add_argument(
         "--run-root", default="runs", help="run: where the rerun's runs live (default: %(default)s)"
     )
@@ -94,13 +107,17 @@ def run(args: argparse.Namespace) -> int:
             say(f"wrote {p}")
         return 0
     if args.action == "record":
-        from epr.experiments.record import record
+        from epr.experiments.record import record, record_side
 
         if len(args.folders) != 2:
             raise SystemExit("epr experiment record: give the run folder and the results folder")
-        say(
-            f"wrote {record(args.folders[0], args.folders[1], args.part)}: write its title, status and outcome"
-        )
+        run_dir, folder = args.folders
+        if args.side:
+            decl = record_side(run_dir, folder, args.side, args.part or "dev")
+            say(f"wrote {decl}: its extra names the pairs and the gap; write its title, status and outcome")
+        else:
+            decl = record(run_dir, folder, args.part or "locked")
+            say(f"wrote {decl}: write its title, status and outcome")
         return 0
     if args.action == "declare":
         for f in args.folders:

@@ -123,9 +123,9 @@ def _run(folder: Path, exp: Experiment) -> tuple[dict[str, dict], list[str]]:
 
 def _slices(folder: Path, exp: Experiment) -> tuple[dict[str, dict], list[str]]:
     """Runs' rows side by side, for choices made on dev or on the training pool. A side ``<variant>:<retriever>``
-    reads ``rows/select-<variant>.jsonl.gz`` (a run's selection slice: gold log-prob per held-out pool example),
-    ``rows/per_query-<variant>.jsonl.gz`` (a run's evaluation rows: gold log-prob and ``extra.metric`` per
-    example) or ``rows/<variant>.json`` (a curve row of ``retriever``: gold log-prob). A row per side (its mean; ``em``
+    reads the first of ``rows/per_query-<variant>.jsonl.gz`` (a run's evaluation rows: gold log-prob and
+    ``extra.metric`` per example), ``rows/select-<variant>.jsonl.gz`` (a run's selection slice: gold log-prob per
+    held-out pool example) and ``rows/<variant>.json`` (a curve row of ``retriever``: gold log-prob). A row per side (its mean; ``em``
     where it has the metric); per ``extra.pairs`` entry ``"A B"`` (``fp32:hybrid bf16:hybrid``) a row ``B-vs-A``
     with the paired gain, its 95% bootstrap interval and the Wilcoxon p (``compare_rows``), and ``B-vs-A:em`` with
     McNemar's where both sides have the metric. ``extra.gap`` (``{base: side, top: side}``): every other side's
@@ -141,10 +141,10 @@ def _slices(folder: Path, exp: Experiment) -> tuple[dict[str, dict], list[str]]:
         variant, retriever = spec.split(":")
         if spec not in loaded:
             rows = folder / "rows"
-            if (f := rows / f"select-{variant}.jsonl.gz").exists():
-                loaded[spec] = load_select(f, retriever)
-            elif (f := rows / f"per_query-{variant}.jsonl.gz").exists():
+            if (f := rows / f"per_query-{variant}.jsonl.gz").exists():
                 loaded[spec] = load_per_query(f, retriever, metric)
+            elif (f := rows / f"select-{variant}.jsonl.gz").exists():
+                loaded[spec] = load_select(f, retriever)
             else:
                 row = json.loads((rows / f"{variant}.json").read_text())
                 if row.get("key", {}).get("retriever") != retriever:

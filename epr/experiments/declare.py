@@ -22,6 +22,9 @@ TOL = {
     "metric": 0.05,
     "gold_logprob": 0.005,
     "oracle_gap_captured.gold_logprob": 0.005,
+    "gain": 0.005,
+    "em_a": 0.05,
+    "em_b": 0.05,
 }
 P_RTOL = 0.05
 

@@ -3,7 +3,12 @@
 served by (``select-report.json``, ``rows/select-per_example.jsonl.gz``), the run's own tables, the served
 retriever's report (``<part>.md`` / ``.json``: ``epr.reports.served``) and the declaration's numbers. What a person
 wrote in the folder's ``experiment.yaml`` (title, status, outcome, pre-registration, commands) is kept; the
-expected numbers and the tests are (re)read from the rows."""
+expected numbers and the tests are (re)read from the rows.
+
+``--as NAME`` records the run as one side of a ``kind: slices`` folder instead (several runs side by side, choices
+made on dev): ``rows/per_query-NAME.jsonl.gz``, ``rows/select-NAME.jsonl.gz``, ``select-report-NAME.json`` and the
+labels' LM cost where the run's evaluation counted it (``label-cost-NAME.json``); the declaration's expected numbers
+are then every side, pair and gap share its ``extra`` names, recomputed from the rows."""
 
 from __future__ import annotations
 
@@ -19,7 +24,7 @@ from epr.experiments.declare import dump, expect
 from epr.reports.served import served_report
 from epr.tasks import TASKS
 
-__all__ = ["record", "paper_metric"]
+__all__ = ["record", "record_side", "paper_metric"]
 
 
 def paper_metric(run: Path) -> tuple[str, str]:
@@ -29,14 +34,20 @@ def paper_metric(run: Path) -> tuple[str, str]:
     return task, ("correct" if m == "em" else m)
 
 
-def record(run: Path, folder: Path, part: str = "locked") -> Path:
-    run, folder = Path(run), Path(folder)
+def _finished(run: Path, part: str) -> tuple[Path, Path]:
+    """The run's evaluation folder of ``part`` and its select folder, both finished."""
     ev = run / ("locked/evaluate" if part == "locked" else "evaluate")
     if not (ev / "manifest.json").exists():
         raise FileNotFoundError(f"{ev}: no finished evaluation (manifest.json missing)")
     sel_dir = run / "select"
     if not (sel_dir / "report.json").exists():
         raise FileNotFoundError(f"{sel_dir}: no finished select stage")
+    return ev, sel_dir
+
+
+def record(run: Path, folder: Path, part: str = "locked") -> Path:
+    run, folder = Path(run), Path(folder)
+    ev, sel_dir = _finished(run, part)
     task, metric = paper_metric(run)
     (folder / "rows").mkdir(parents=True, exist_ok=True)
     text = (ev / "per_query.jsonl").read_bytes()
@@ -82,3 +93,55 @@ def record(run: Path, folder: Path, part: str = "locked") -> Path:
     d["expected"], d["tests"] = expected, tests
     decl.write_text(dump(d))
     return decl
+
+
+def record_side(run: Path, folder: Path, name: str, part: str = "dev") -> Path:
+    """The run as side ``name`` of a ``kind: slices`` folder (see the module doc)."""
+    from epr.experiments.check import recompute
+    from epr.experiments.declaration import load
+
+    run, folder = Path(run), Path(folder)
+    ev, sel_dir = _finished(run, part)
+    task, metric = paper_metric(run)
+    (folder / "rows").mkdir(parents=True, exist_ok=True)
+    for src, dest in (
+        (ev / "per_query.jsonl", f"per_query-{name}"),
+        (sel_dir / "per_example.jsonl", f"select-{name}"),
+    ):
+        (folder / "rows" / f"{dest}.jsonl.gz").write_bytes(gzip.compress(src.read_bytes(), mtime=0))
+    shutil.copy(sel_dir / "report.json", folder / f"select-report-{name}.json")
+    cost = json.loads((ev / "manifest.json").read_text()).get("label_cost")
+    if cost is not None:
+        (folder / f"label-cost-{name}.json").write_text(json.dumps(cost, indent=2) + "\n")
+    decl = folder / FILE
+    d = yaml.safe_load(decl.read_text()) if decl.exists() else {}
+    d.setdefault("title", f"TODO: what {folder.name} is")
+    d.setdefault("dataset", task)
+    d.setdefault("split", part)
+    d.setdefault("status", "supporting")
+    d["kind"] = "slices"
+    d["extra"] = {**(d.get("extra") or {}), "metric": metric}
+    d.pop("tests", None)  # choices on dev or the pool: no locked test
+    decl.write_text(dump(d))
+    got, _ = recompute(load(folder))
+    d["expected"] = slices_expected(got)
+    decl.write_text(dump(d))
+    return decl
+
+
+def slices_expected(got: dict) -> list[dict]:
+    """A slices folder's headline numbers: each side's means and gap share, each pair's gain and p-values."""
+    fields = (
+        "gold_logprob", "em", "oracle_gap_captured.gold_logprob",  # a side
+        "gain", "p_wilcoxon",  # a pair in gold log-prob
+        "em_a", "em_b", "p_mcnemar",  # a pair in the paper's metric
+    )  # fmt: skip
+    out = []
+    for row, r in got.items():
+        for f in fields:
+            v = r
+            for part in f.split("."):
+                v = v.get(part) if isinstance(v, dict) else None
+            if v is not None:
+                out.append(expect(row, f, v))
+    return out

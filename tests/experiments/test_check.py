@@ -154,24 +154,33 @@ def test_index_check_fails_on_a_stale_index(tmp_path, capsys):
     assert main(["experiment", "check", "--results", str(results)]) == 0
 
 
+def _run_from_committed(run: Path, evaluate: str, change=None, manifest: dict | None = None) -> Path:
+    """A finished run's folders rebuilt from mtop-default-recipe's committed (locked) rows, its evaluation at
+    ``run/evaluate``; ``change`` rewrites each evaluation row."""
+    src = RESULTS / "mtop-default-recipe"
+    (run / "examples").mkdir(parents=True)
+    (run / "examples" / "manifest.json").write_text(json.dumps({"config": {"data": {"task": "mtop"}}}))
+    for d, name, gz in (
+        (run / evaluate, "per_query.jsonl", src / "rows" / "per_query-locked.jsonl.gz"),
+        (run / "select", "per_example.jsonl", src / "rows" / "select-per_example.jsonl.gz"),
+    ):
+        d.mkdir(parents=True)
+        (d / "manifest.json").write_text(json.dumps(manifest or {}))
+        rows = [json.loads(x) for x in gzip.decompress(gz.read_bytes()).splitlines()]
+        if change and name == "per_query.jsonl":
+            rows = [change(r) for r in rows]
+        (d / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    shutil.copy(src / "select-report.json", run / "select" / "report.json")
+    return run
+
+
 def test_record_remakes_a_committed_run_folder_value_for_value(tmp_path):
     """A run rebuilt from mtop-default-recipe's committed rows, recorded anew: the same table, a declaration whose
     numbers check, the hand-written fields kept."""
     from epr.experiments.record import record
 
     src = RESULTS / "mtop-default-recipe"
-    run = tmp_path / "runs" / "mtop"
-    (run / "examples").mkdir(parents=True)
-    (run / "examples" / "manifest.json").write_text(json.dumps({"config": {"data": {"task": "mtop"}}}))
-    for d, files in (
-        (run / "locked" / "evaluate", {"per_query.jsonl": src / "rows" / "per_query-locked.jsonl.gz"}),
-        (run / "select", {"per_example.jsonl": src / "rows" / "select-per_example.jsonl.gz"}),
-    ):
-        d.mkdir(parents=True)
-        (d / "manifest.json").write_text("{}")
-        for name, gz in files.items():
-            (d / name).write_bytes(gzip.decompress(gz.read_bytes()))
-    shutil.copy(src / "select-report.json", run / "select" / "report.json")
+    run = _run_from_committed(tmp_path / "runs" / "mtop", "locked/evaluate")
     dest = tmp_path / "results" / "mtop-default-recipe"
     dest.mkdir(parents=True)
     shutil.copy(src / "experiment.yaml", dest / "experiment.yaml")
@@ -305,3 +314,50 @@ def test_a_slices_folder_pairs_two_runs_evaluation_rows_in_both_metrics_with_the
     top["key"]["retriever"] = "bm25"  # the top row is not the oracle the side names
     (folder / "rows" / "oracle.json").write_text(json.dumps(top))
     assert any("not a 'lm-oracle' row" in p for p in checking.check(folder))
+
+
+def test_record_as_a_side_builds_a_slices_folder_that_checks(tmp_path):
+    """``epr experiment record RUN FOLDER --as NAME``: two runs of the same examples side by side; the declaration's
+    pairs and gap come from a person, its expected numbers from the rows (B's epr 0.5 nats above A's), the labels'
+    cost where the run's evaluation counted it; a changed row then fails the check."""
+    from epr.cli import main
+
+    def up(r):
+        return {**r, "epr": {**r["epr"], "gold_logprob": r["epr"]["gold_logprob"] + 0.5}}
+
+    cost = {"distinct_sequences": 123}
+    a = _run_from_committed(tmp_path / "runs" / "a", "evaluate")
+    b = _run_from_committed(tmp_path / "runs" / "b", "evaluate", up, {"label_cost": cost})
+    dest = tmp_path / "results" / "choices"
+    (dest / "rows").mkdir(parents=True)
+    rows = [json.loads(x) for x in (a / "evaluate" / "per_query.jsonl").read_text().splitlines()]
+    top = {
+        "key": {"retriever": "lm-oracle"},
+        "per_query_logprob": [r["bm25"]["gold_logprob"] + 2 for r in rows],
+    }
+    (dest / "rows" / "lm-oracle.json").write_text(json.dumps(top))
+    decl = {"title": "t", "dataset": "mtop", "split": "dev", "status": "supporting", "date": "2026-11-27"}
+    decl["kind"], decl["outcome"] = "other", "b above a"
+    decl["extra"] = {"pairs": ["a:epr b:epr"], "gap": {"base": "a:bm25", "top": "lm-oracle:lm-oracle"}}
+    (dest / "experiment.yaml").write_text(declare.dump(decl))
+    for run, name in ((a, "a"), (b, "b")):
+        assert main(["experiment", "record", str(run), str(dest), "--as", name]) == 0
+    assert checking.check(dest) == []
+    exp = load(dest)
+    assert (exp.kind, exp.title, exp.extra["metric"]) == ("slices", "t", "correct")
+    want = {(e.row, e.field): e.value for e in exp.expected}
+    assert want[("b:epr-vs-a:epr", "gain")] == pytest.approx(0.5, abs=1e-6)
+    assert ("b:epr", "oracle_gap_captured.gold_logprob") in want and ("a:epr", "em") in want
+    assert json.loads((dest / "label-cost-b.json").read_text()) == cost
+    assert not (dest / "label-cost-a.json").exists()  # a run whose evaluation did not count it
+    (b / "evaluate" / "per_query.jsonl").write_text(
+        "".join(json.dumps(up(r)) + "\n" for r in rows[:-1]) + json.dumps(rows[-1]) + "\n"
+    )
+    assert main(["experiment", "record", str(b), str(dest), "--as", "b"]) == 0  # b's rows now differ
+    assert checking.check(dest) == []  # recorded anew: its numbers are the new rows'
+    d = yaml.safe_load((dest / "experiment.yaml").read_text())
+    gain = next(e for e in d["expected"] if e["row"] == "b:epr-vs-a:epr" and e["field"] == "gain")
+    assert gain["value"] == pytest.approx(0.5 * (len(rows) - 1) / len(rows), abs=1e-6)
+    gain["value"] += 0.01  # a declared number the rows do not give
+    (dest / "experiment.yaml").write_text(declare.dump(d))
+    assert any("b:epr-vs-a:epr.gain" in p for p in checking.check(dest))
