@@ -169,6 +169,25 @@ def _selection_line(ctx) -> str:
     )
 
 
+def _label_cost_line(ctx) -> str:
+    """What ``epr status`` says of the labels' LM cost (every round scored so far; ``epr.stages.evaluate``)."""
+    from epr.stages.evaluate import label_cost
+    from epr.types import UpstreamError
+
+    try:
+        cost = label_cost(ctx)
+    except (UpstreamError, OSError):  # a round not scored yet
+        return ""
+    if not cost:
+        return ""
+    rounds = "; ".join(
+        f"round {r['round']} {r['examples']:,} examples, {r['sequences']:,} sequences"
+        + (f" ({r['new']:,} new)" if r["new"] != r["sequences"] else "")
+        for r in cost["rounds"]
+    )
+    return f"labels' LM cost: {rounds}; {cost['scored_sequences']:,} distinct sequences scored\n"
+
+
 def run_demo(ctx) -> int:
     """Every stage on the packaged demo set, then the comparison table in the terminal."""
     import time
@@ -344,9 +363,7 @@ def _dispatch(ctx, args: argparse.Namespace) -> int:
             ctx, pipeline.final_stage(ctx)
         ):  # this config's stages
             sys.stdout.write(f"{label:<18} {state:<8} {path}\n")
-        sel = _selection_line(ctx)
-        if sel:
-            sys.stdout.write(sel)
+        sys.stdout.write(_selection_line(ctx) + _label_cost_line(ctx))
         return 0
     if args.cmd == "demo":
         return run_demo(ctx)
