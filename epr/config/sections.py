@@ -226,7 +226,8 @@ class TrainConfig:
     )
     best_by: str = opt(
         "mrr",
-        "keep the epoch (0 = untrained) with the best dev metric (last: the last epoch)",
+        "keep the epoch (0 = untrained; never a warm-started round's starting encoder) with the best dev metric "
+        "(last: the last epoch)",
         ("mrr", "recall", "last"),
     )
     tie_encoders: bool = opt(

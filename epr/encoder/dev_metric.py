@@ -25,13 +25,16 @@ def evaluate(model: DualEncoder, dev, cands: dict, pool, task, k: int) -> dict:
     return {f"recall@{k}": rec, "mrr": mrr}
 
 
-def best_epoch(history: list[dict], by: str, k: int) -> int:
+def best_epoch(history: list[dict], by: str, k: int, trained_only: bool = False) -> int:
     """The epoch (0 = untrained) whose dev metric is best (the earliest of equals); the last one for
-    ``last`` or without a dev set."""
+    ``last`` or without a dev set. ``trained_only`` (a warm-started round, whose epoch 0 is the previous round's
+    encoder): epoch 0 is not a candidate once an epoch has trained, so a round never hands on its starting encoder
+    unchanged because a few dev queries ranked it higher."""
     key = {"mrr": "mrr", "recall": f"recall@{k}"}.get(by)
     if key is None or key not in history[0]:
         return history[-1]["epoch"]
-    return max(history, key=lambda h: (h[key], -h["epoch"]))["epoch"]
+    pick = [h for h in history if h["epoch"] > 0] if trained_only and len(history) > 1 else history
+    return max(pick, key=lambda h: (h[key], -h["epoch"]))["epoch"]
 
 
 def plot_history(history: list[dict], path: Path, k: int) -> None:

@@ -167,7 +167,8 @@ def train(
     ``resume=False`` deletes them first. ``world``: the number of processes the caller expects. ``init``: a saved
     dual encoder to start from (a warm start, ``train.init: previous``; its own similarity and max length hold),
     else ``models.encoder``."""
-    tc, out = effective_train(cfg.train, init is not None), Path(out)
+    warm = init is not None
+    tc, out = effective_train(cfg.train, warm), Path(out)
     accelerator = _accelerator(tc, out)
     procs = {"accelerate": accelerator.num_processes, "caller": world}
     if torch.distributed.is_initialized():
@@ -228,7 +229,7 @@ def train(
             {"epoch": 0, "loss": None, **evaluate(_unwrap(accelerator, model), dev, cands, pool, task, k)}
         )
         accelerator.print(f"untrained: {history[-1]}")
-        if accelerator.is_main_process:  # epoch 0 is a candidate for the best epoch too
+        if accelerator.is_main_process and not warm:  # epoch 0 is a candidate (not the warm start's)
             save_model(_unwrap(accelerator, model), out / "best_model")
 
     def progress(epoch: int, step_in_epoch: int) -> dict:
@@ -275,12 +276,19 @@ def train(
         history.append(row)
         losses = []
         accelerator.print(f"epoch {epoch + 1}: {row}")
-        if accelerator.is_main_process and best_epoch(history, tc.best_by, k) == epoch + 1:
+        if accelerator.is_main_process and best_epoch(history, tc.best_by, k, warm) == epoch + 1:
             save_model(_unwrap(accelerator, model), out / "best_model")
         ckpts.save(step, progress(epoch + 1, 0))
 
     accelerator.wait_for_everyone()
-    best = best_epoch(history, tc.best_by, k)
+    best = best_epoch(history, tc.best_by, k, warm)
+    if best == 0:
+        log.warning(
+            "kept epoch 0, the untrained %s: it beat every trained epoch on the %d dev instances (train.best_by=%s)",
+            cfg.models.encoder,
+            len(dev),
+            tc.best_by,
+        )
     if accelerator.is_main_process:
         if best == history[-1]["epoch"]:
             save_model(_unwrap(accelerator, model), out / "model")

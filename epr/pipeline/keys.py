@@ -160,4 +160,5 @@ def _encoder_keys(ctx: Context) -> dict:
     train["epochs"] = tc.epochs
     if warm:
         train["init"] = "previous"
+        train["keeps"] = "a trained epoch"  # never the starting encoder (epr.encoder.dev_metric.best_epoch)
     return {"train": train, "encoder": ctx.cfg.models.encoder}

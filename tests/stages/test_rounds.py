@@ -453,3 +453,32 @@ def test_gap_captured_needs_both_references():
     no_oracle = {k: {"oracle": False} for k in ("bm25", "epr")}
     gap_captured(no_oracle, per)  # negative control: without LM-Oracle there is no gap to share
     assert "oracle_gap_captured" not in no_oracle["epr"]
+
+
+def test_a_warm_started_round_never_hands_on_its_starting_encoder(
+    tmp_path, tiny, tiny_lm_dir, minilm_dir, monkeypatch
+):
+    """Issue 48: round 2 of the 4,000-label MTOP run kept its epoch 0 (round 1's encoder: MRR 0.64 against 0.60
+    after its warm epoch, on 32 dev queries), so round 2 changed nothing and round 3 re-mined round 2's candidates.
+    A warm-started round keeps a trained epoch; a cold round may still keep the untrained encoder. Here every
+    evaluation scores below the one before, so epoch 0 always leads on dev."""
+    import itertools
+
+    import torch
+
+    from epr.encoder import train as train_mod
+    from epr.encoder.model import DualEncoder
+
+    falling = itertools.count()
+    monkeypatch.setattr(
+        train_mod, "evaluate", lambda *a, **k: {"recall@3": 0.5, "mrr": 1.0 - 0.01 * next(falling)}
+    )
+    ctx = make(tmp_path, tiny, tiny_lm_dir, minilm_dir, "select.size=0", "train.init=previous")
+    pipeline.run(ctx, until="encoder")
+    r1, r2 = ctx.prev_round().stage_dir("encoder"), ctx.stage_dir("encoder")
+    assert read_manifest(r1)["best_epoch"] == 0  # cold: the untrained MiniLM, as dev says
+    assert read_manifest(r2)["best_epoch"] == 1  # warm: its trained epoch, though epoch 0 led
+    w = {n: DualEncoder.from_pretrained(str(d / "model")).state_dict() for n, d in (("r1", r1), ("r2", r2))}
+    base = DualEncoder.from_pretrained(minilm_dir).state_dict()
+    assert all(torch.equal(w["r1"][n], base[n]) for n in base)
+    assert not all(torch.equal(w["r2"][n], w["r1"][n]) for n in base)
