@@ -125,11 +125,13 @@ def _slices(folder: Path, exp: Experiment) -> tuple[dict[str, dict], list[str]]:
     """Runs' rows side by side, for choices made on dev or on the training pool. A side ``<variant>:<retriever>``
     reads the first of ``rows/per_query-<variant>.jsonl.gz`` (a run's evaluation rows: gold log-prob and
     ``extra.metric`` per example), ``rows/select-<variant>.jsonl.gz`` (a run's selection slice: gold log-prob per
-    held-out pool example) and ``rows/<variant>.json`` (a curve row of ``retriever``: gold log-prob). A row per side (its mean; ``em``
-    where it has the metric); per ``extra.pairs`` entry ``"A B"`` (``fp32:hybrid bf16:hybrid``) a row ``B-vs-A``
-    with the paired gain, its 95% bootstrap interval and the Wilcoxon p (``compare_rows``), and ``B-vs-A:em`` with
-    McNemar's where both sides have the metric. ``extra.gap`` (``{base: side, top: side}``): every other side's
-    ``oracle_gap_captured`` (and ``_ci``), the fraction of the base -> top gold log-prob gap it closes, paired."""
+    held-out pool example) and ``rows/<variant>.json`` (a curve row of ``retriever``: gold log-prob).
+
+    A row per side (its mean; ``em`` where it has the metric); per ``extra.pairs`` entry ``"A B"``
+    (``fp32:hybrid bf16:hybrid``) a row ``B-vs-A`` with the paired gain, its 95% bootstrap interval and the
+    Wilcoxon p (``compare_rows``), and ``B-vs-A:em`` with McNemar's where both sides have the metric. ``extra.gap``
+    (``{base: side, top: side}``): every other side's ``oracle_gap_captured`` (and ``_ci``), the fraction of the
+    base -> top gold log-prob gap it closes, paired."""
     from epr.experiments.compare_rows import compare, load_per_query, load_select
 
     got: dict[str, dict] = {}
