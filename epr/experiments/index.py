@@ -6,6 +6,7 @@ their declaration."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections.abc import Mapping
@@ -103,11 +104,13 @@ GAP_PLOT = "gap-vs-labels.png"
 
 
 def gap_points(exps: list[Experiment], rows: Mapping[str, dict]) -> list[dict]:
-    """Every learned curve row of a decisive or supporting folder with its share of the BM25 -> LM-Oracle gap
+    """Every learned curve row (and slices side with a label cost) of a decisive or supporting folder with its share of the BM25 -> LM-Oracle gap
     (gold log-prob): dataset, split, labels, the share and its interval, the LM-scored sequences where counted. A
     point of several seeds stands for its single-seed rows (they are not drawn again)."""
     out = []
     for e in exps:
+        if e.kind == "slices" and e.status in ("decisive", "supporting"):
+            out += _slices_gap_points(e, rows[e.name])
         if e.kind != "curve" or e.status not in ("decisive", "supporting"):
             continue
         learned = [r for r in rows[e.name].values() if r.get("loss") and r.get("labels")]
@@ -131,6 +134,31 @@ def gap_points(exps: list[Experiment], rows: Mapping[str, dict]) -> list[dict]:
                     "scored_sequences": r.get("scored_sequences"),
                 }  # fmt: skip
             )
+    return out
+
+
+def _slices_gap_points(e: Experiment, rows: Mapping[str, dict]) -> list[dict]:
+    """A slices folder's sides with a gap share and a recorded label cost (``label-cost-<run>.json``: the labels of
+    a round and the sequences scored in all), one point each."""
+    out = []
+    for name, r in rows.items():
+        cost = e.folder / f"label-cost-{name.split(':')[0]}.json"
+        gap = lookup(r, "oracle_gap_captured.gold_logprob")
+        if gap is None or "-vs-" in name or not cost.exists():
+            continue
+        c = json.loads(cost.read_text())
+        out.append(
+            {
+                "folder": e.name,
+                "dataset": e.dataset,
+                "split": e.split,
+                "labels": c["rounds"][0]["examples"],
+                "gap": gap,
+                "ci": lookup(r, "oracle_gap_captured_ci.gold_logprob"),
+                "seeds": len(e.seeds or [1]),
+                "scored_sequences": c["scored_sequences"],
+            }
+        )
     return out
 
 

@@ -77,7 +77,7 @@ def plot_gap(points: list[dict], path: Path, datasets: tuple[str, ...]) -> None:
     ax.minorticks_off()
     ax.set_xlabel("LM-labelled training examples")
     ax.set_ylabel("share of the BM25 -> LM-Oracle gap\n(gold log-prob)")
-    ax.set_title("What the labels buy (learned curve rows; bars: 95% paired bootstrap)", fontsize=10)
+    ax.set_title("What the labels buy (learned rows; bars: 95% paired bootstrap)", fontsize=10)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

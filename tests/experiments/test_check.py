@@ -361,3 +361,20 @@ def test_record_as_a_side_builds_a_slices_folder_that_checks(tmp_path):
     gain["value"] += 0.01  # a declared number the rows do not give
     (dest / "experiment.yaml").write_text(declare.dump(d))
     assert any("b:epr-vs-a:epr.gain" in p for p in checking.check(dest))
+
+
+def test_the_gap_plot_draws_a_slices_folders_sides_at_their_label_counts():
+    """A slices folder's sides with a gap share and a recorded label cost are points of results/gap-vs-labels.png
+    (MTOP's dev choices: 2,000 and 4,000 labels, epr and hybrid); a side without a label cost is not drawn."""
+    e = load(RESULTS / "mtop-recipe-choices")
+    rows = {e.name: checking.recompute(e)[0]}
+    pts = index.gap_points([e], rows)
+    assert sorted((p["labels"], p["scored_sequences"]) for p in pts) == [
+        (2000, 56920), (2000, 56920), (4000, 112691), (4000, 112691)
+    ]  # fmt: skip
+    want = {
+        n: r["oracle_gap_captured"]["gold_logprob"]
+        for n, r in rows[e.name].items()
+        if n in ("r4000:epr", "r4000:hybrid")
+    }
+    assert sorted(p["gap"] for p in pts if p["labels"] == 4000) == pytest.approx(sorted(want.values()))
