@@ -193,6 +193,10 @@ def test_record_remakes_a_committed_run_folder_value_for_value(tmp_path):
     assert {(t.row, t.field) for t in now.tests} == {(t.row, t.field) for t in was.tests}
 
 
+SLICES_DECL = {"title": "t", "dataset": "mtop", "split": "dev", "status": "diagnostic", "date": "2026-11-27",
+               "kind": "slices"}  # fmt: skip
+
+
 def _slices_folder(tmp_path, src: str, prefix: str):
     """The committed MTOP default-recipe rows ``rows/<src>.jsonl.gz``, an empty slices folder, and a writer of its
     ``rows/<prefix>-<variant>.jsonl.gz``."""
@@ -217,12 +221,7 @@ def test_a_slices_folder_recomputes_its_pairs_and_fails_on_a_changed_value(tmp_p
     put("a", rows)
     put("b", [{**r, "hybrid": r["hybrid"] + 0.5} for r in reversed(rows)])  # another order: paired by idx
     decl = {
-        "title": "t",
-        "dataset": "mtop",
-        "split": "dev",
-        "status": "diagnostic",
-        "date": "2026-11-27",
-        "kind": "slices",
+        **SLICES_DECL,
         "outcome": "b is 0.5 nats above a",
         "extra": {"pairs": ["a:hybrid b:hybrid", "a:bm25 a:hybrid"]},
         "expected": [
@@ -286,12 +285,7 @@ def test_a_slices_folder_pairs_two_runs_evaluation_rows_in_both_metrics_with_the
     epr_a = float(np.mean([r["epr"]["gold_logprob"] for r in rows]))
     share = (epr_a + 0.5 - float(np.mean(bm25))) / 2.0
     decl = {
-        "title": "t",
-        "dataset": "mtop",
-        "split": "dev",
-        "status": "diagnostic",
-        "date": "2026-11-27",
-        "kind": "slices",
+        **SLICES_DECL,
         "outcome": "b's epr is 0.5 nats above a's",
         "extra": {"pairs": ["a:epr b:epr"], "gap": {"base": "a:bm25", "top": "oracle:lm-oracle"}},
         "expected": [
