@@ -22,6 +22,7 @@ __all__ = [
     "section_field",
     "RETRIEVERS",
     "DENSE",
+    "LEARNED",
     "RAGSYS_SUFFIXES",
     "RetrieverName",
     "parse_retriever_name",
@@ -33,6 +34,7 @@ __all__ = [
 # hybrid: reciprocal-rank fusion of epr (the trained dual encoder) and bm25
 RETRIEVERS = ("random", "bm25", "sbert", "epr", "dr-bm25", "bm25-oracle", "lm-oracle", "hybrid")
 DENSE = ("sbert", "epr", "dr-bm25")
+LEARNED = ("epr", "hybrid")  # the first stages that use the trained dual encoder
 RAGSYS_SUFFIXES = ("div", "bias")
 
 

@@ -138,13 +138,17 @@ def gap_points(exps: list[Experiment], rows: Mapping[str, dict]) -> list[dict]:
 
 
 def _slices_gap_points(e: Experiment, rows: Mapping[str, dict]) -> list[dict]:
-    """A slices folder's sides with a gap share and a recorded label cost (``label-cost-<run>.json``: the labels of
-    a round and the sequences scored in all), one point each."""
+    """A slices folder's learned sides (``<run>:epr``, ``<run>:hybrid``: ``names.LEARNED``) with a gap share and a
+    recorded label cost (``label-cost-<run>.json``: the labels of a round and the sequences scored in all), one point
+    each. A run's BM25 or SBERT side (a device control, say) costs no labels and is not drawn."""
+    from epr.config.names import LEARNED
+
     out = []
     for name, r in rows.items():
-        cost = e.folder / f"label-cost-{name.split(':')[0]}.json"
+        run, _, retriever = name.partition(":")
+        cost = e.folder / f"label-cost-{run}.json"
         gap = lookup(r, "oracle_gap_captured.gold_logprob")
-        if gap is None or "-vs-" in name or not cost.exists():
+        if gap is None or "-vs-" in name or not cost.exists() or retriever.split("+")[0] not in LEARNED:
             continue
         c = json.loads(cost.read_text())
         out.append(
