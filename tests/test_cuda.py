@@ -192,3 +192,29 @@ def test_a_whole_tiny_run_on_cuda_equals_the_cpu_run(tmp_path, tiny_task_files, 
     assert np.mean(slots) >= 0.8 and all(x[name]["demos"][0] == y[name]["demos"][0] for x, y in zip(qa, qb))
     same = [(x, y) for x, y in zip(qa, qb) if x[name]["demos"] == y[name]["demos"]]
     assert same and all(x[name]["prediction"] == y[name]["prediction"] for x, y in same)
+
+
+def test_the_trained_encoder_encodes_on_cuda_as_on_the_cpu(tmp_path, minilm_dir, monkeypatch):
+    """``make_retriever`` puts the trained encoder on the GPU (before, it encoded on the host's cores); the pool's
+    and a query's embeddings agree with the CPU's (fp32), and the GPU's pool embeddings have a cache file of their own."""
+    import epr.lm.identity as identity
+    from epr.config import DataConfig, load_config
+    from epr.encoder.model import DualEncoder
+    from epr.retrieval.retrievers import make_retriever
+    from epr.tasks import get_task
+
+    task = get_task(DataConfig(task="demo"))  # the embedded demo's pool
+    pool = task.load()[0][:120]
+    enc = tmp_path / "model"
+    DualEncoder.from_pretrained(minilm_dir).save_pretrained(enc)
+    cfg = load_config([], [f"models.encoder={minilm_dir}", f"run_root={tmp_path}", "candidates.L=12"])
+    got = {}
+    for dev in ("cpu", "cuda"):
+        monkeypatch.setattr(identity, "default_device", lambda dev=dev: dev)
+        loaded = {}
+        r = make_retriever("epr", pool, task, cfg, str(enc), loaded)
+        assert next(loaded[str(enc)].parameters()).device.type == dev
+        got[dev] = (r.pool_emb, r.query_embeddings(pool[:3]))
+    for a, b in zip(got["cuda"], got["cpu"]):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+    assert len(list((tmp_path / ".cache" / "pool_embeddings").iterdir())) == 2

@@ -206,7 +206,8 @@ def pool_embeddings(de, encoder: str | Path, texts: list[str], cache_root: Path 
     kept in ``<run_root>/.cache/pool_embeddings/`` (select, retrieve and the next round's mining embed the same
     pool with the same encoder). Keyed by the content of the encoder's files (weights, tokenizer, its
     ``dual_encoder.json``: max length, similarity, fields) and of the texts, so a retrained encoder or an edited
-    pool is never served another's embeddings. ``cache_root`` None: computed, not kept."""
+    pool is never served another's embeddings; and by the device where it is not the CPU (a GPU's fp32 sums round
+    otherwise; CPU keys are those of before). ``cache_root`` None: computed, not kept."""
     import hashlib
     import io
 
@@ -219,13 +220,15 @@ def pool_embeddings(de, encoder: str | Path, texts: list[str], cache_root: Path 
     h = hashlib.sha256()
     for t in texts:
         h.update(t.encode("utf-8") + b"\0")
-    key = fingerprint(
-        {
-            "encoder": {str(f.relative_to(encoder)): cached_digest(f, full=True) for f in files},
-            "texts": [len(texts), h.hexdigest()],
-            "side": "prompt",
-        }
-    )
+    what = {
+        "encoder": {str(f.relative_to(encoder)): cached_digest(f, full=True) for f in files},
+        "texts": [len(texts), h.hexdigest()],
+        "side": "prompt",
+    }
+    dev = str(next(de.parameters()).device)
+    if dev != "cpu":
+        what["device"] = dev.split(":")[0]
+    key = fingerprint(what)
     path = Path(cache_root) / "pool_embeddings" / f"{key}.npy"
     if path.exists():
         emb = np.load(path)
@@ -247,6 +250,7 @@ def make_retriever(
 ) -> Retriever:
     """Build a retriever by name. ``encoder``: the trained dual encoder's folder (``epr``, ``dr-bm25``); the
     pipeline says which. ``loaded`` caches loaded models (encoders, the scoring LM) between retrievers."""
+    from epr.lm.identity import default_device
     from epr.lm.models import load_encoder
 
     loaded = {} if loaded is None else loaded
@@ -276,7 +280,8 @@ def make_retriever(
         if encoder is None or not Path(encoder).exists():
             raise FileNotFoundError(f"retriever {name}: no trained encoder at {encoder}; run training first")
         if str(encoder) not in loaded:  # (loaded once: setdefault would load it on every call)
-            loaded[str(encoder)] = DualEncoder.from_pretrained(str(encoder))
+            # on the device the LMs use: a GPU encodes the pool and the queries there, not on its host's cores
+            loaded[str(encoder)] = DualEncoder.from_pretrained(str(encoder)).to(default_device())
         de = loaded[str(encoder)]
         key = (str(encoder), "pool")  # epr and hybrid in one run encode the pool once
         if key not in loaded or loaded[key][0] is not pool:  # the pool object kept beside its embeddings

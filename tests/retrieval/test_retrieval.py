@@ -202,3 +202,43 @@ def test_pool_embeddings_are_kept_per_encoder_and_pool(demo, tmp_path, minilm_di
     cfg = load_config([], [f"models.encoder={minilm_dir}", f"run_root={tmp_path}", "candidates.L=12"])
     make_retriever("epr", pool, task, cfg, str(enc), {})
     assert len(calls) == 3
+
+
+def test_the_trained_encoder_runs_on_the_lms_device_and_its_pool_cache_says_which(
+    demo, tmp_path, minilm_dir, monkeypatch
+):
+    """``make_retriever`` puts the trained encoder on ``default_device()`` (on a GPU machine it encoded the pool and
+    every query on the host's cores: 5 batches a second on the H200 run of 2026-11-27); the pool-embedding cache keys a
+    non-CPU device, so a GPU's embeddings are never served to the CPU nor the CPU's to a GPU. A CPU's key is unchanged.
+    The ``meta`` device stands in for a GPU here (tests/test_cuda.py checks the values on a real one)."""
+    import epr.lm.identity as identity
+    from epr.encoder.model import DualEncoder
+    from epr.retrieval.retrievers import pool_embeddings
+
+    task, pool, _ = demo
+    enc = tmp_path / "model"
+    DualEncoder.from_pretrained(minilm_dir).save_pretrained(enc)
+    cache = tmp_path / ".cache"
+    cfg = load_config([], [f"models.encoder={minilm_dir}", f"run_root={tmp_path}", "candidates.L=12"])
+    make_retriever("epr", pool, task, cfg, str(enc), {})  # on the CPU: one cache file
+    files = sorted((cache / "pool_embeddings").iterdir())
+    assert len(files) == 1
+
+    calls = []
+
+    def fake(self, texts, side, *a, **k):  # a meta tensor has no values: what a GPU would return, in shape
+        calls.append(str(next(self.parameters()).device))
+        return np.zeros((len(texts), self.q_model.config.hidden_size), dtype=np.float32)
+
+    monkeypatch.setattr(DualEncoder, "encode", fake)
+    monkeypatch.setattr(identity, "default_device", lambda: "meta")
+    loaded = {}
+    make_retriever("epr", pool, task, cfg, str(enc), loaded)
+    assert str(next(loaded[str(enc)].parameters()).device) == "meta"
+    assert calls == ["meta"]  # not served the CPU's embeddings
+    assert len(list((cache / "pool_embeddings").iterdir())) == 2
+    texts = [loaded[str(enc)].demo(task, e) for e in pool]
+    again = pool_embeddings(
+        DualEncoder.from_pretrained(str(enc)), enc, texts, cache
+    )  # the CPU again: its own file
+    assert calls == ["meta"] and np.array_equal(again, np.load(files[0]))
