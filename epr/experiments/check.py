@@ -121,18 +121,33 @@ def _run(folder: Path, exp: Experiment) -> tuple[dict[str, dict], list[str]]:
     return got, problems
 
 
+def _side_row(r: dict) -> dict:
+    """A slices side's row: its mean gold log-prob, its examples, its exact match where it has the metric (pooled
+    sides: the seeds' mean per example) and how many seeds it pools."""
+    vals = [v for v in r["per_query_logprob"] if v is not None]
+    out = {"gold_logprob": float(np.mean(vals)), "n": len(vals)}
+    if "correct" in r:
+        out["em"] = 100 * float(np.mean(r["correct"]))
+    if r.get("seeds", 1) > 1:
+        out["seeds"] = r["seeds"]
+    return out
+
+
 def _slices(folder: Path, exp: Experiment) -> tuple[dict[str, dict], list[str]]:
     """Runs' rows side by side, for choices made on dev or on the training pool. A side ``<variant>:<retriever>``
     reads the first of ``rows/per_query-<variant>.jsonl.gz`` (a run's evaluation rows: gold log-prob and
     ``extra.metric`` per example), ``rows/select-<variant>.jsonl.gz`` (a run's selection slice: gold log-prob per
-    held-out pool example) and ``rows/<variant>.json`` (a curve row of ``retriever``: gold log-prob).
+    held-out pool example) and ``rows/<variant>.json`` (a curve row of ``retriever``: gold log-prob). The retriever
+    ``served`` names the one the run's ``select`` served (``select-report-<variant>.json``). Sides joined by commas
+    (``s42:served,s1:served,s2:served``: seeds of the same examples) are one side, pooled per example: the seeds'
+    mean gold log-prob and exact match (``compare_rows.pool``), as the curve folders pool.
 
     A row per side (its mean; ``em`` where it has the metric); per ``extra.pairs`` entry ``"A B"``
     (``fp32:hybrid bf16:hybrid``) a row ``B-vs-A`` with the paired gain, its 95% bootstrap interval and the
     Wilcoxon p (``compare_rows``), and ``B-vs-A:em`` with McNemar's where both sides have the metric. ``extra.gap``
     (``{base: side, top: side}``): every other side's ``oracle_gap_captured`` (and ``_ci``), the fraction of the
     base -> top gold log-prob gap it closes, paired."""
-    from epr.experiments.compare_rows import compare, load_per_query, load_select
+    from epr.experiments.compare_rows import compare, load_per_query, load_select, pool
 
     got: dict[str, dict] = {}
     problems: list[str] = []
@@ -140,7 +155,14 @@ def _slices(folder: Path, exp: Experiment) -> tuple[dict[str, dict], list[str]]:
     metric = exp.extra.get("metric", "correct")
 
     def side(spec: str) -> dict:
+        if "," in spec:  # seeds' sides of the same examples, pooled per example (compare_rows.pool)
+            if spec not in loaded:
+                loaded[spec] = pool([side(s) for s in spec.split(",")], spec)
+                got[spec] = _side_row(loaded[spec])
+            return loaded[spec]
         variant, retriever = spec.split(":")
+        if retriever == "served":  # what the run's select served (select-report-<variant>.json)
+            retriever = json.loads((folder / f"select-report-{variant}.json").read_text())["selected"]
         if spec not in loaded:
             rows = folder / "rows"
             if (f := rows / f"per_query-{variant}.jsonl.gz").exists():
@@ -152,10 +174,7 @@ def _slices(folder: Path, exp: Experiment) -> tuple[dict[str, dict], list[str]]:
                 if row.get("key", {}).get("retriever") != retriever:
                     raise ValueError(f"rows/{variant}.json is not a {retriever!r} row")
                 loaded[spec] = row
-            vals = [v for v in loaded[spec]["per_query_logprob"] if v is not None]
-            got[spec] = {"gold_logprob": float(np.mean(vals)), "n": len(vals)}
-            if "correct" in loaded[spec]:
-                got[spec]["em"] = 100 * float(np.mean(loaded[spec]["correct"]))
+            got[spec] = _side_row(loaded[spec])
         return loaded[spec]
 
     for pair in exp.extra.get("pairs", []):
@@ -239,6 +258,10 @@ def check(folder: Path, rows_from: Path | None = None) -> list[str]:
     """Everything wrong with one results folder (empty: it recomputes to what it says). ``rows_from``: a rerun's
     folder, whose rows are checked against this folder's declared numbers (within their tolerances)."""
     exp = load(folder)
+    if exp.status == "planned":  # pre-registered, not run: no rows yet (load checked its preregistration)
+        if exp.expected:
+            return [f"{folder.name}: status planned declares expected numbers: a plan has no results yet"]
+        return []
     got, problems = recompute(exp if rows_from is None else dataclasses.replace(exp, folder=Path(rows_from)))
     for e in exp.expected:
         if e.row not in got:

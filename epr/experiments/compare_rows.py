@@ -50,7 +50,15 @@ def pool(rows: list[dict], name: str = "rows") -> dict:
             raise ValueError(
                 f"{name}: the seeds' rows hold different numbers of examples: not the same examples"
             )
-        return {"per_query_logprob": seed_mean([r["per_query_logprob"] for r in rows]), "seeds": len(rows)}
+        out = {"per_query_logprob": seed_mean([r["per_query_logprob"] for r in rows]), "seeds": len(rows)}
+        if all("correct" in r and "idx" in r for r in rows):  # a run's evaluation rows: both metrics pool
+            if any(r["idx"] != rows[0]["idx"] for r in rows):
+                raise ValueError(
+                    f"{name}: the seeds' rows do not hold the same examples in the same order (idx)"
+                )
+            mean = np.mean([np.asarray(r["correct"], float) for r in rows], axis=0)
+            out.update(idx=rows[0]["idx"], correct=mean.tolist())
+        return out
     if all("correct" in r for r in rows):
         if any(r["idx"] != rows[0]["idx"] for r in rows):
             raise ValueError(f"{name}: the seeds' rows do not hold the same examples in the same order (idx)")

@@ -97,7 +97,9 @@ def record(run: Path, folder: Path, part: str = "locked") -> Path:
 
 def record_side(run: Path, folder: Path, name: str, part: str = "dev") -> Path:
     """The run as side ``name`` of a ``kind: slices`` folder (see the module doc)."""
-    from epr.experiments.check import recompute
+    import dataclasses
+
+    from epr.experiments.check import lookup, recompute
     from epr.experiments.declaration import load
 
     run, folder = Path(run), Path(folder)
@@ -121,9 +123,20 @@ def record_side(run: Path, folder: Path, name: str, part: str = "dev") -> Path:
     d.setdefault("status", "supporting")
     d["kind"] = "slices"
     d["extra"] = {**(d.get("extra") or {}), "metric": metric}
-    d.pop("tests", None)  # choices on dev or the pool: no locked test
+    if part != "locked":
+        d.pop("tests", None)  # choices on dev or the pool: no locked test
+    planned = d.get("status") == "planned"
+    if planned:
+        d.pop("expected", None)
     decl.write_text(dump(d))
-    got, _ = recompute(load(folder))
+    got, _ = recompute(dataclasses.replace(load(folder), status="supporting"))
+    if planned:  # a pre-registered look: its rows come in one seed at a time
+        tests = d.get("tests") or []
+        if not tests or any(
+            not isinstance(lookup(got.get(t["row"]), t["field"]), (int, float)) for t in tests
+        ):
+            return decl  # not every test computes yet: it stays planned, its rows kept, no numbers declared
+        d["status"] = "supporting"  # every seed in: its PLAN says what makes it decisive
     d["expected"] = slices_expected(got)
     decl.write_text(dump(d))
     return decl

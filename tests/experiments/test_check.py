@@ -375,3 +375,98 @@ def test_the_gap_plot_draws_a_slices_folders_sides_at_their_label_counts():
     }
     got = sorted(p["gap"] for p in pts if p["scored_sequences"] == 112691)
     assert got == pytest.approx(sorted(want.values()))
+
+
+def test_a_slices_folder_pools_seeds_and_reads_what_select_served(tmp_path):
+    """A pre-registered 3-seed locked look (issue 48) as a slices folder: ``<seed>:served`` is the retriever the
+    seed's ``select`` served (``select-report-<seed>.json``), and sides joined by commas are one side pooled per
+    example (the seeds' mean gold log-prob and exact match, as the curve folders pool), paired with BM25 in both
+    metrics and given its gap share. Seeds of other examples are refused."""
+    rows, folder, put = _slices_folder(tmp_path, "per_query-locked", "per_query")
+    shift = {"s1": 0.3, "s2": 0.6, "s3": 0.9}
+    for s, d in shift.items():
+        put(
+            s,
+            [{**r, "hybrid": {**r["hybrid"], "gold_logprob": r["hybrid"]["gold_logprob"] + d}} for r in rows],
+        )
+    served = {"s1": "epr", "s2": "hybrid", "s3": "hybrid"}
+    for s, name in served.items():
+        (folder / f"select-report-{s}.json").write_text(json.dumps({"selected": name}))
+    top = {
+        "key": {"retriever": "lm-oracle"},
+        "per_query_logprob": [r["bm25"]["gold_logprob"] + 2.0 for r in rows],
+    }
+    (folder / "rows" / "oracle.json").write_text(json.dumps(top))
+    pooled = "s1:served,s2:served,s3:served"
+    decl = {
+        **SLICES_DECL,
+        "outcome": "pooled",
+        "extra": {"pairs": [f"s1:bm25 {pooled}"], "gap": {"base": "s1:bm25", "top": "oracle:lm-oracle"}},
+    }
+    (folder / "experiment.yaml").write_text(declare.dump(decl))
+    got, problems = checking.recompute(load(folder))
+    assert problems == []
+    epr = np.array([r["epr"]["gold_logprob"] for r in rows])
+    hyb = np.array([r["hybrid"]["gold_logprob"] for r in rows])
+    want = (epr + (hyb + 0.6) + (hyb + 0.9)) / 3  # s1 served epr, s2 and s3 hybrid, each shifted
+    assert got[pooled]["gold_logprob"] == pytest.approx(float(want.mean()))
+    assert got[pooled]["seeds"] == 3 and got[pooled]["n"] == len(rows)
+    em = np.mean(
+        [[r["epr"]["correct"], r["hybrid"]["correct"], r["hybrid"]["correct"]] for r in rows], axis=1
+    )
+    assert got[pooled]["em"] == pytest.approx(100 * em.mean())
+    pair = got[f"{pooled}-vs-s1:bm25"]
+    bm25 = np.array([r["bm25"]["gold_logprob"] for r in rows])
+    assert pair["gain"] == pytest.approx(float((want - bm25).mean()))
+    assert got[f"{pooled}-vs-s1:bm25:em"]["em_b"] == pytest.approx(got[pooled]["em"])
+    assert got[pooled]["oracle_gap_captured"]["gold_logprob"] == pytest.approx(
+        float((want - bm25).mean()) / 2.0
+    )
+    put("s3", rows[:-1])  # one seed holds other examples
+    assert any("not the same examples" in p for p in checking.recompute(load(folder))[1])
+
+
+def test_a_planned_locked_look_takes_its_seeds_one_at_a_time_and_declares_numbers_when_all_are_in(tmp_path):
+    """A pre-registered 3-seed look (issue 48) is committed as ``status: planned`` with its pooled pairs and tests
+    before it runs; the check passes it without rows. Each seed recorded (``--part locked --as sN``) adds its rows
+    and the folder stays planned, with no numbers, while a test cannot be computed; the last seed makes every test
+    compute, and the folder turns supporting with its numbers recomputed from the rows. A planned folder that
+    declares numbers fails the check."""
+    from epr.cli import main
+
+    dest = tmp_path / "results" / "locked"
+    dest.mkdir(parents=True)
+    (dest / "PLAN.md").write_text("the plan, committed first\n")
+    pooled = "s1:served,s2:served,s3:served"
+    decl = {**SLICES_DECL, "split": "locked", "status": "planned", "date": "2026-11-27 14:30"}
+    decl |= {"preregistration": "PLAN.md", "outcome": "planned", "seeds": [1, 2, 3]}
+    decl["extra"] = {"pairs": [f"s1:bm25 {pooled}"]}
+    decl["tests"] = [{"row": f"{pooled}-vs-s1:bm25:em", "field": "p_mcnemar", "says": "EM vs BM25"}]
+    (dest / "experiment.yaml").write_text(declare.dump(decl))
+    assert checking.check(dest) == []  # planned: no rows yet
+    for i, s in enumerate(("s1", "s2", "s3")):
+
+        def up(r, d=0.1 * (i + 1)):
+            return {**r, "epr": {**r["epr"], "gold_logprob": r["epr"]["gold_logprob"] + d}}
+
+        run = _run_from_committed(tmp_path / "runs" / s, "locked/evaluate", up)
+        assert main(["experiment", "record", str(run), str(dest), "--part", "locked", "--as", s]) == 0
+        d = yaml.safe_load((dest / "experiment.yaml").read_text())
+        assert (dest / "rows" / f"per_query-{s}.jsonl.gz").exists()
+        if s != "s3":
+            assert d["status"] == "planned" and not d.get("expected") and checking.check(dest) == []
+    assert d["status"] == "supporting" and d["tests"] == decl["tests"]
+    assert checking.check(dest) == []
+    got, _ = checking.recompute(load(dest))
+    served = json.loads((RESULTS / "mtop-default-recipe" / "select-report.json").read_text())["selected"]
+    assert got[pooled]["seeds"] == 3 and {e["row"] for e in d["expected"]} >= {
+        pooled,
+        f"{pooled}-vs-s1:bm25:em",
+    }
+    if (
+        served == "epr"
+    ):  # the three seeds' epr rows: +0.1, +0.2, +0.3 nats: pooled +0.2 over the committed rows
+        assert got[pooled]["gold_logprob"] == pytest.approx(got["s1:served"]["gold_logprob"] + 0.1)
+    d["status"] = "planned"
+    (dest / "experiment.yaml").write_text(declare.dump(d))
+    assert any("planned declares expected" in p for p in checking.check(dest))
