@@ -21,6 +21,9 @@ if [ ! -f "$T/site.ok" ]; then
   touch "$T/site.ok"
 fi
 export PYTHONPATH=$T/site:$PWD HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
+# the 8,000-label H200 run held 139 of 143 GB by its second arm (many batch shapes in one process): segments that grow
+# instead of cached blocks of every size; the scores stage logs where its time went (prepare / lm / store)
+export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv 2>/dev/null
 if [ ! -f "$R/started" ]; then
   date -u +%FT%TZ > "$R/started"

@@ -65,10 +65,15 @@ def score_chunk(
     rankings: list[Ranking],
     cache: ScoreCache | None = None,
     name: str = "",
+    timing: dict[str, float] | None = None,
 ) -> tuple[list[dict], int]:
     """Score one chunk of rankings; returns rows ``{qid, ids, scores}`` and the number of too-long pairs.
 
-    Pairs found in ``cache`` are not scored again; the new scores are added to it."""
+    Pairs found in ``cache`` are not scored again; the new scores are added to it. ``timing``: seconds added to its
+    ``prepare`` (prompts, cache lookups, tokenisation), ``lm`` (the scorer, synchronised: it returns host arrays) and
+    ``store`` (the cache's writes), so a run can say where its scoring time went (on a GPU the LM part can be the
+    small one)."""
+    clock = time.perf_counter()
     demos, contexts, targets, where = scored_pairs(task, pool, rankings)
     flat: list[float | None] = [None] * len(contexts)
     cached = cache.get(contexts, targets) if cache is not None else flat
@@ -81,6 +86,7 @@ def score_chunk(
         )
     keep = [i for i in todo if i not in too_long]
     pos = {i: j for j, i in enumerate(todo)}
+    t_lm = time.perf_counter()
     if keep and scorer.prefix_share:
         vals = scorer.score_prefixed(
             [demos[i] for i in keep],
@@ -95,8 +101,16 @@ def score_chunk(
     else:
         vals = []
     vals = [round(float(v), 4) for v in vals]
+    t_store = time.perf_counter()
     if cache is not None and keep:
         cache.put([contexts[i] for i in keep], [targets[i] for i in keep], vals, name)
+    if timing is not None:
+        for k, v in (
+            ("prepare", t_lm - clock),
+            ("lm", t_store - t_lm),
+            ("store", time.perf_counter() - t_store),
+        ):
+            timing[k] = timing.get(k, 0.0) + v
     for i, v in enumerate(cached):
         if v is not None:
             flat[i] = v
@@ -166,9 +180,14 @@ def run_scores(ctx: Context, out: Path, fp: str) -> dict:
             total=n_seq, desc=f"scoring [rank {ctx.dist.rank}]", unit="seq", disable=not ctx.dist.is_main
         )
         n0, t0 = len(cache), time.perf_counter()
+        timing: dict[str, float] = {}
         for c in todo:
-            rows, _ = score_chunk(scorer, ctx.task, pool, chunks[c], cache, name=f"{fp}-{c:06d}")
+            rows, _ = score_chunk(
+                scorer, ctx.task, pool, chunks[c], cache, name=f"{fp}-{c:06d}", timing=timing
+            )
+            t_part = time.perf_counter()
             parts.put(c, rows, inputs[c])
+            timing["store"] = timing.get("store", 0.0) + time.perf_counter() - t_part
             bar.update(sum(len(r.ids) for r in chunks[c]))
         bar.close()
         # this process's own throughput (sequences the LM scored, not those the cache served; a resumed stage
@@ -178,9 +197,15 @@ def run_scores(ctx: Context, out: Path, fp: str) -> dict:
             "scored_here": new,
             "scoring_seconds": round(secs, 1),
             "sequences_per_s": round(new / secs, 2),
+            "seconds_by_part": {k: round(v, 1) for k, v in timing.items()},  # prepare, lm, store
         }
         log.info(
-            "scores: %d sequences scored in %.0f s (%.2f/s on rank %d)", new, secs, new / secs, ctx.dist.rank
+            "scores: %d sequences scored in %.0f s (%.2f/s on rank %d; %s)",
+            new,
+            secs,
+            new / secs,
+            ctx.dist.rank,
+            ", ".join(f"{k} {v:.0f} s" for k, v in timing.items()),
         )
     ctx.dist.barrier()
     if not ctx.dist.is_main:
