@@ -161,9 +161,11 @@ def _slices(folder: Path, exp: Experiment) -> tuple[dict[str, dict], list[str]]:
                 got[spec] = _side_row(loaded[spec])
             return loaded[spec]
         variant, retriever = spec.split(":")
-        if retriever == "served":  # what the run's select served (select-report-<variant>.json)
-            retriever = json.loads((folder / f"select-report-{variant}.json").read_text())["selected"]
         if spec not in loaded:
+            if (
+                retriever == "served"
+            ):  # what the run's select served (select-report-<variant>.json), read once
+                retriever = json.loads((folder / f"select-report-{variant}.json").read_text())["selected"]
             rows = folder / "rows"
             if (f := rows / f"per_query-{variant}.jsonl.gz").exists():
                 loaded[spec] = load_per_query(f, retriever, metric)

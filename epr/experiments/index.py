@@ -122,18 +122,7 @@ def gap_points(exps: list[Experiment], rows: Mapping[str, dict]) -> list[dict]:
             gap = lookup(r, "oracle_gap_captured.gold_logprob")
             if gap is None or (r.get("seeds") or 1) < most[(r["retriever"], r["loss"], r["labels"])]:
                 continue
-            out.append(
-                {
-                    "folder": e.name,
-                    "dataset": e.dataset,
-                    "split": e.split,
-                    "labels": r["labels"],
-                    "gap": gap,
-                    "ci": lookup(r, "oracle_gap_captured_ci.gold_logprob"),
-                    "seeds": r.get("seeds") or 1,
-                    "scored_sequences": r.get("scored_sequences"),
-                }  # fmt: skip
-            )
+            out.append(_point(e, r["labels"], r, r.get("seeds") or 1, r.get("scored_sequences")))
     return out
 
 
@@ -151,19 +140,22 @@ def _slices_gap_points(e: Experiment, rows: Mapping[str, dict]) -> list[dict]:
         if gap is None or "-vs-" in name or not cost.exists() or retriever.split("+")[0] not in LEARNED:
             continue
         c = json.loads(cost.read_text())
-        out.append(
-            {
-                "folder": e.name,
-                "dataset": e.dataset,
-                "split": e.split,
-                "labels": c["rounds"][0]["examples"],
-                "gap": gap,
-                "ci": lookup(r, "oracle_gap_captured_ci.gold_logprob"),
-                "seeds": len(e.seeds or [1]),
-                "scored_sequences": c["scored_sequences"],
-            }
-        )
+        out.append(_point(e, c["rounds"][0]["examples"], r, len(e.seeds or [1]), c["scored_sequences"]))
     return out
+
+
+def _point(e: Experiment, labels: int, r: Mapping, seeds: int, scored: int | None) -> dict:
+    """One point of the gap plot: a row's share of the gap and its interval, where it sits and what it cost."""
+    return {
+        "folder": e.name,
+        "dataset": e.dataset,
+        "split": e.split,
+        "labels": labels,
+        "gap": lookup(r, "oracle_gap_captured.gold_logprob"),
+        "ci": lookup(r, "oracle_gap_captured_ci.gold_logprob"),
+        "seeds": seeds,
+        "scored_sequences": scored,
+    }
 
 
 def build(results: Path) -> tuple[str, dict[str, str]]:
