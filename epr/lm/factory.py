@@ -138,6 +138,25 @@ def scorer_for(cfg, model, tok):
     )
 
 
+def gpu_memory(device: str) -> dict:
+    """What the CUDA caching allocator did on ``device`` since the process started, for a stage's manifest: the
+    peak memory held and used (GB), the device's total, and how often an allocation failed and the allocator
+    freed its cache to retry (``alloc_retries``: each one synchronises; many of them mean the memory was
+    fragmented or full). Empty off CUDA."""
+    if not str(device).startswith("cuda"):
+        return {}
+    import torch
+
+    stats = torch.cuda.memory_stats(device)
+    gb = 1024**3
+    return {
+        "max_reserved_gb": round(stats.get("reserved_bytes.all.peak", 0) / gb, 2),
+        "max_allocated_gb": round(stats.get("allocated_bytes.all.peak", 0) / gb, 2),
+        "total_gb": round(torch.cuda.get_device_properties(device).total_memory / gb, 2),
+        "alloc_retries": int(stats.get("num_alloc_retries", 0)),
+    }
+
+
 def device_for_rank(rank: int, world: int) -> str:
     """Each process of a multi-GPU run on its own GPU; otherwise :func:`default_device`."""
     device = default_device()

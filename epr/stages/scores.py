@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 from epr.artifacts import write_jsonl
 from epr.cache import ChunkStore
 from epr.context import Context
-from epr.lm.factory import build_scorer, device_for_rank, score_cache
+from epr.lm.factory import build_scorer, device_for_rank, gpu_memory, score_cache
 from epr.lm.score_cache import ScoreCache
 from epr.reports.machine import describe, machine
 from epr.types import Example, Ranking
@@ -174,7 +174,8 @@ def run_scores(ctx: Context, out: Path, fp: str) -> dict:
     if todo:
         cache = score_cache(ctx.cfg)
         log.info("scores: %d scores in the shared cache %s", len(cache), cache.dir)
-        scorer = build_scorer(ctx.cfg, device=device_for_rank(ctx.dist.rank, ctx.dist.world))
+        device = device_for_rank(ctx.dist.rank, ctx.dist.world)
+        scorer = build_scorer(ctx.cfg, device=device)
         n_seq = sum(len(r.ids) for c in todo for r in chunks[c])
         bar = tqdm(
             total=n_seq, desc=f"scoring [rank {ctx.dist.rank}]", unit="seq", disable=not ctx.dist.is_main
@@ -199,13 +200,19 @@ def run_scores(ctx: Context, out: Path, fp: str) -> dict:
             "sequences_per_s": round(new / secs, 2),
             "seconds_by_part": {k: round(v, 1) for k, v in timing.items()},  # prepare, lm, store
         }
+        mem = gpu_memory(
+            device
+        )  # the CUDA allocator's peak and its retries (a full or fragmented GPU is slow)
+        if mem:
+            speed["gpu_memory"] = mem
         log.info(
-            "scores: %d sequences scored in %.0f s (%.2f/s on rank %d; %s)",
+            "scores: %d sequences scored in %.0f s (%.2f/s on rank %d; %s)%s",
             new,
             secs,
             new / secs,
             ctx.dist.rank,
             ", ".join(f"{k} {v:.0f} s" for k, v in timing.items()),
+            f"; GPU memory {speed['gpu_memory']}" if "gpu_memory" in speed else "",
         )
     ctx.dist.barrier()
     if not ctx.dist.is_main:

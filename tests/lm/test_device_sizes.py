@@ -97,3 +97,25 @@ def test_shipped_configs_leave_the_sizes_to_the_device(tmp_path, on):
     assert factory.scoring_key(cfg)["batch_tokens"] == 2048
     on("cuda")
     assert factory.scoring_key(cfg)["batch_tokens"] == 16384
+
+
+def test_gpu_memory_reads_the_allocator_on_cuda_only(monkeypatch):
+    """The scores manifest's note on the CUDA allocator (peak held and used, retries after a failed allocation):
+    nothing off CUDA; on CUDA the allocator's own counters, in GB."""
+    import torch
+
+    assert factory.gpu_memory("cpu") == {} and factory.gpu_memory("mps") == {}
+    gb = 1024**3
+    stats = {
+        "reserved_bytes.all.peak": 139 * gb,
+        "allocated_bytes.all.peak": 12 * gb + gb // 2,
+        "num_alloc_retries": 57,
+    }
+    seen = []
+    monkeypatch.setattr(torch.cuda, "memory_stats", lambda d: seen.append(d) or stats)
+    monkeypatch.setattr(
+        torch.cuda, "get_device_properties", lambda d: type("P", (), {"total_memory": 143 * gb})
+    )
+    got = factory.gpu_memory("cuda:1")
+    assert got == {"max_reserved_gb": 139.0, "max_allocated_gb": 12.5, "total_gb": 143.0, "alloc_retries": 57}
+    assert seen == ["cuda:1"]
