@@ -8,7 +8,12 @@
 #     RUNS="-c configs/mtop.yaml --set candidates.num_queries=8000 --set name=mtop-8000-gpu" \
 #         LIMIT=540 bash scripts/gpu_runs.sh
 #
-# The runs see --set run_root=$R and --set data.data_dir=<the payload's data>; their logs are $R/<k>.log.
+# The runs see --set run_root=$R and --set data.data_dir=<the payload's data>; their logs are $R/<k>.log, k counting
+# runs from 0 in the order RUNS gives them. Lanes: `|` splits RUNS into chains that run side by side (one process
+# each on the one GPU: the 8,000-label arm left it mostly idle), each chain in order; a run that fails ends its own
+# chain only (its k is appended to $R/failed). Two lanes that score the same labels at once both score them.
+#
+#     RUNS="<run a>;<run b>|<run c>" ...      # a then b, beside c
 set -u
 PY=${PY:-python3}; S=${S:-/tmp/s}; T=${T:-/tmp}; R=${R:-/tmp/runs}; LIMIT=${LIMIT:-540}
 mkdir -p "$S" "$R"
@@ -25,18 +30,25 @@ export PYTHONPATH=$T/site:$PWD HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYT
 # instead of cached blocks of every size; the scores stage logs where its time went (prepare / lm / store)
 export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv 2>/dev/null
+IFS='|' read -ra lanes <<< "${RUNS:?RUNS: epr run arguments, one run per semicolon, lanes split by |}"
 if [ ! -f "$R/started" ]; then
   date -u +%FT%TZ > "$R/started"
-  IFS=';' read -ra runs <<< "${RUNS:?RUNS: epr run arguments, one run per semicolon}"
-  script=""
-  for k in "${!runs[@]}"; do
-    script+="$PY -m epr.cli run ${runs[$k]} --set run_root=$R --set data.data_dir=$T/payload/data > $R/$k.log 2>&1"
-    script+=" || { echo $k > $R/failed; exit 1; }; date -u +%FT%TZ > $R/$k.done; "
+  k=0
+  for l in "${!lanes[@]}"; do
+    IFS=';' read -ra runs <<< "${lanes[$l]}"
+    script=""
+    for r in "${runs[@]}"; do
+      script+="$PY -m epr.cli run $r --set run_root=$R --set data.data_dir=$T/payload/data > $R/$k.log 2>&1"
+      script+=" || { echo $k >> $R/failed; touch $R/lane$l.end; exit 1; }; date -u +%FT%TZ > $R/$k.done; "
+      k=$((k + 1))
+    done
+    setsid nohup bash -c "$script touch $R/lane$l.end" > "$R/driver$l.log" 2>&1 < /dev/null &
   done
-  setsid nohup bash -c "$script touch $R/done" > "$R/driver.log" 2>&1 < /dev/null &
 fi
+ended() { local n=0 l; for l in "${!lanes[@]}"; do [ -f "$R/lane$l.end" ] && n=$((n + 1)); done; echo $n; }
 end=$((SECONDS + LIMIT))
-while [ $SECONDS -lt $end ] && [ ! -f "$R/done" ] && [ ! -f "$R/failed" ]; do sleep 5; done
+while [ $SECONDS -lt $end ] && [ "$(ended)" -lt "${#lanes[@]}" ]; do sleep ${POLL:-5}; done
+[ "$(ended)" -eq "${#lanes[@]}" ] && touch "$R/done"
 ls "$R"; for f in "$R"/*.log; do echo "== $f"; tail -c 1500 "$f" | tr '\r' '\n' | tail -12; done
 if [ -n "${OUT:-}" ]; then
   tar czf "$OUT/runs.tgz" --exclude='*.safetensors' --exclude='*.npy' --exclude='*.bin' --exclude='*.faiss' \

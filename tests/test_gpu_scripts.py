@@ -1,0 +1,83 @@
+"""scripts/gpu_runs.sh's lanes, on this machine with a stand-in for ``python -m epr.cli``: the runs of one lane run in
+order, two lanes run side by side, a failed run ends its own lane only (its number in ``failed``), every run gets the
+run root and the payload's data, and a second call with the same RUNS starts nothing again."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+STUB = """
+import json, sys, time
+args = sys.argv[3:]  # after "-m epr.cli"
+name = args[args.index("--name") + 1]
+log = sys.argv[0] + ".jsonl"
+with open(log, "a") as f:
+    f.write(json.dumps({"name": name, "at": time.time(), "args": args}) + "\\n")
+time.sleep(float(args[args.index("--sleep") + 1]))
+with open(log, "a") as f:
+    f.write(json.dumps({"name": name, "end": time.time()}) + "\\n")
+sys.exit(3 if name.startswith("fail") else 0)
+"""
+
+
+def _call(tmp: Path, runs: str, limit: int = 60) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PY": f"{sys.executable} {tmp / 'stub.py'}", "S": str(tmp / "s"), "T": str(tmp / "t"),
+           "R": str(tmp / "runs"), "LIMIT": str(limit), "POLL": "0.2", "RUNS": runs}  # fmt: skip
+    env.pop("OUT", None)
+    return subprocess.run(["bash", str(ROOT / "scripts" / "gpu_runs.sh")], cwd=tmp, env=env, capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+
+
+def test_lanes_run_side_by_side_each_in_order_and_a_failure_ends_only_its_lane(tmp_path):
+    import json
+
+    (tmp_path / "stub.py").write_text(STUB)
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "site.ok").touch()  # the payload is installed already: only the runs are under test
+    runs = "--name a --sleep 1;--name b --sleep 0.2|--name fail-c --sleep 0.2;--name d --sleep 0.1|--name e --sleep 0.5"
+    out = _call(tmp_path, runs)
+    assert out.returncode == 0, out.stderr
+    R = tmp_path / "runs"
+    events = [json.loads(x) for x in (tmp_path / "stub.py.jsonl").read_text().splitlines()]
+    start = {e["name"]: e["at"] for e in events if "at" in e}
+    end = {e["name"]: e["end"] for e in events if "end" in e}
+    assert set(start) == {"a", "b", "fail-c", "e"}  # d never starts: its lane's run before it failed
+    assert start["b"] >= end["a"]  # one lane: in order
+    assert start["fail-c"] < end["a"] and start["e"] < end["a"]  # three lanes: side by side
+    assert (R / "failed").read_text().split() == ["2"]  # runs are numbered across lanes in RUNS order
+    assert sorted(p.name for p in R.glob("*.done")) == ["0.done", "1.done", "4.done"]
+    assert (R / "done").exists() and not (R / "3.log").exists()
+    for e in events:
+        if "args" in e:
+            i = e["args"].index("--set")
+            assert e["args"][i:] == [
+                "--set",
+                f"run_root={R}",
+                "--set",
+                f"data.data_dir={tmp_path / 't'}/payload/data",
+            ]
+    # a later call with the same RUNS waits and reports; it starts nothing again
+    time.sleep(0.1)
+    again = _call(tmp_path, runs, limit=5)
+    assert again.returncode == 0 and len((tmp_path / "stub.py.jsonl").read_text().splitlines()) == len(events)
+    assert "== " in again.stdout  # the logs' tails
+
+
+def test_the_call_returns_at_its_limit_while_a_lane_still_runs(tmp_path):
+    (tmp_path / "stub.py").write_text(STUB)
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "site.ok").touch()
+    t0 = time.time()
+    out = _call(tmp_path, "--name slow --sleep 6|--name quick --sleep 0.1", limit=2)
+    assert out.returncode == 0 and time.time() - t0 < 5.5
+    R = tmp_path / "runs"
+    assert (R / "1.done").exists() and not (R / "0.done").exists() and not (R / "done").exists()
+    deadline = time.time() + 15
+    while not (R / "lane0.end").exists() and time.time() < deadline:  # the run outlives the call
+        time.sleep(0.2)
+    assert (R / "0.done").exists()
