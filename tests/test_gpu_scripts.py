@@ -39,7 +39,7 @@ def test_lanes_run_side_by_side_each_in_order_and_a_failure_ends_only_its_lane(t
     (tmp_path / "stub.py").write_text(STUB)
     (tmp_path / "t").mkdir()
     (tmp_path / "t" / "site.ok").touch()  # the payload is installed already: only the runs are under test
-    runs = "--name a --sleep 1;--name b --sleep 0.2|--name fail-c --sleep 0.2;--name d --sleep 0.1|--name e --sleep 0.5"
+    runs = "--name a --sleep 3;--name b --sleep 0.2|--name fail-c --sleep 0.2;--name d --sleep 0.1|--name e --sleep 0.5"
     out = _call(tmp_path, runs)
     assert out.returncode == 0, out.stderr
     R = tmp_path / "runs"
