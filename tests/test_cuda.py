@@ -166,9 +166,8 @@ def test_a_whole_tiny_run_on_cuda_equals_the_cpu_run(tmp_path, tiny_task_files, 
     }
     assert "cuda" in json.dumps(man["gpu"]) and "cuda" not in json.dumps(man["cpu"])  # really ran on each
     mem = man["gpu"]["scoring_speed"]["gpu_memory"]  # the allocator's note: what the GPU run held and retried
-    assert (
-        0 < mem["max_allocated_gb"] <= mem["max_reserved_gb"] <= mem["total_gb"] and mem["alloc_retries"] >= 0
-    )
+    assert 0 < mem["max_allocated_gb"] <= mem["max_reserved_gb"] <= mem["total_gb"]
+    assert mem["alloc_retries"] >= 0
     assert "gpu_memory" not in man["cpu"]["scoring_speed"]
     # generate's sizes are left null: each device ran (and keyed) its own (epr.lm.identity.DEVICE_SIZES)
     gen = {d: json.loads((r / "predict" / "manifest.json").read_text())["config"]["generate"] for d, r in

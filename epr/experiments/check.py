@@ -162,9 +162,8 @@ def _slices(folder: Path, exp: Experiment) -> tuple[dict[str, dict], list[str]]:
             return loaded[spec]
         variant, retriever = spec.split(":")
         if spec not in loaded:
-            if (
-                retriever == "served"
-            ):  # what the run's select served (select-report-<variant>.json), read once
+            # what the run's select served (select-report-<variant>.json), read once
+            if retriever == "served":
                 retriever = json.loads((folder / f"select-report-{variant}.json").read_text())["selected"]
             rows = folder / "rows"
             if (f := rows / f"per_query-{variant}.jsonl.gz").exists():

@@ -200,9 +200,8 @@ def run_scores(ctx: Context, out: Path, fp: str) -> dict:
             "sequences_per_s": round(new / secs, 2),
             "seconds_by_part": {k: round(v, 1) for k, v in timing.items()},  # prepare, lm, store
         }
-        mem = gpu_memory(
-            device
-        )  # the CUDA allocator's peak and its retries (a full or fragmented GPU is slow)
+        # the CUDA allocator's peak and its retries (a full or fragmented GPU is slow); nothing off CUDA
+        mem = gpu_memory(device)
         if mem:
             speed["gpu_memory"] = mem
         log.info(
@@ -212,7 +211,7 @@ def run_scores(ctx: Context, out: Path, fp: str) -> dict:
             new / secs,
             ctx.dist.rank,
             ", ".join(f"{k} {v:.0f} s" for k, v in timing.items()),
-            f"; GPU memory {speed['gpu_memory']}" if "gpu_memory" in speed else "",
+            f"; GPU memory {mem}" if mem else "",
         )
     ctx.dist.barrier()
     if not ctx.dist.is_main:

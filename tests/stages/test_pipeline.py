@@ -51,9 +51,8 @@ def test_end_to_end_then_skip_then_invalidate(tmp_path, tiny_task_files, tiny_lm
     parts = speed["seconds_by_part"]  # where the time went: the LM, and the rest (on a GPU the rest can lead)
     assert set(parts) == {"prepare", "lm", "store"} and parts["lm"] > 0
     assert sum(parts.values()) <= speed["scoring_seconds"] + 0.2  # each part rounded to 0.1 s
-    assert (
-        "gpu_memory" not in speed
-    )  # a CPU run has no allocator to report (tests/test_cuda.py: a GPU run does)
+    # a CPU run has no allocator to report (tests/test_cuda.py: a GPU run does)
+    assert "gpu_memory" not in speed
     assert pipeline.run(ctx) == []  # everything fresh: nothing reruns
 
     ctx2 = make_ctx(tmp_path, tiny_task_files, tiny_lm_dir, "labels.k_pos=1")
