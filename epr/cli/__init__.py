@@ -92,25 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument(
         "files", nargs="*", metavar="CONFIG.yaml", help="YAML config(s), merged in order after any -c"
     )
-    sc = sub.add_parser(
-        "cache",
-        parents=[common],
-        help="move LM scores between run roots or machines: export the run root's score stores to one file, "
-        "import one",
-    )
-    sc.add_argument("action", choices=("export", "import"))
-    sc.add_argument("file", help="the .json.gz file to write (export) or read (import)")
-    sc.add_argument(
-        "--this-lm",
-        action="store_true",
-        help="export: only the store of this config's scoring LM (model, dtype, forward), not every store",
-    )
-    sc.add_argument(
-        "--this-run",
-        action="store_true",
-        help="export: only the scores of this config's candidates (its labels; needs its candidates stage), "
-        "from its scoring LM's store",
-    )
+    from epr.cli import cache as cache_cli
+
+    cache_cli.add_parser(sub, common)
     from epr.cli import truthfulqa as truthfulqa_cli
 
     truthfulqa_cli.add_parser(sub)
@@ -207,32 +191,6 @@ def run_demo(ctx) -> int:
         + _selection_line(ctx)
         + 'Next: epr inspect "turn on the garage lights"   (what each retriever picks)\n'
     )
-    return 0
-
-
-def score_cache_cmd(ctx, args: argparse.Namespace) -> int:
-    """``epr cache export|import FILE``: the run root's LM score stores as one portable file (labels scored on one
-    machine are not scored again on another; each score is served only under its own model/dtype/forward key)."""
-    from epr.lm.factory import scoring_key
-    from epr.lm.score_cache import export_scores, import_scores
-
-    root = Path(ctx.cfg.run_root) / ".cache" / "scores"
-    if args.action == "export":
-        only = None
-        if args.this_run:  # this config's pairs only (needs its candidates), in its LM's store
-            from epr.stages.scores import run_pair_keys
-
-            only = run_pair_keys(ctx)
-        key = scoring_key(ctx.cfg) if args.this_lm or args.this_run else None
-        counts = export_scores(root, args.file, key, only)
-        for store, n in counts.items():
-            sys.stdout.write(f"exported {n} scores of {root / store}\n")
-        sys.stdout.write(f"wrote {args.file} (epr cache import {args.file} on the other machine)\n")
-        return 0
-    for store, c in import_scores(root, args.file).items():
-        sys.stdout.write(
-            f"{root / store}: {c['added']} added, {c['kept']} already held, {c['conflicts']} conflicts\n"
-        )
     return 0
 
 
@@ -375,7 +333,9 @@ def _dispatch(ctx, args: argparse.Namespace) -> int:
         sys.stdout.write(f"wrote {out} (PromptRetriever.from_pretrained({str(out)!r}))\n")
         return 0
     if args.cmd == "cache":
-        return score_cache_cmd(ctx, args)
+        from epr.cli import cache as cache_cli
+
+        return cache_cli.run(ctx, args)
     if args.cmd == "inspect":
         from epr.cli.inspect import inspect_query
 

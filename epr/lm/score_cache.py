@@ -28,6 +28,7 @@ __all__ = [
     "greedy_cache",
     "export_scores",
     "import_scores",
+    "read_export",
 ]
 
 log = logging.getLogger(__name__)
@@ -178,52 +179,9 @@ def cached_greedy(
 FORMAT = "epr-score-cache/1"
 
 
-def export_scores(
-    root: str | Path, path: str | Path, key: dict | None = None, only: set[str] | None = None
-) -> dict[str, int]:
-    """Write the score stores under ``root`` (a run root's ``.cache/scores``; only ``key``'s when given) to one
-    gzipped JSON file that :func:`import_scores` reads on another machine: labels scored once travel with a
-    repository instead of being scored again. ``only``: just these pair keys (:func:`pair_key`; one run's pairs);
-    a pair of ``only`` that the store does not hold is an error (the run is not fully scored). Returns entries per
-    store fingerprint."""
-    import gzip
-
-    root = Path(root)
-    dirs = [root / fingerprint(key)] if key is not None else sorted(p.parent for p in root.glob("*/KEY.json"))
-    stores, counts = [], {}
-    for d in dirs:
-        if not (d / "KEY.json").exists():
-            raise FileNotFoundError(f"{d}: no score store for this computation (nothing scored yet?)")
-        c = ScoreCache(root, json.loads((d / "KEY.json").read_text(encoding="utf-8")))
-        if c.dir != d:
-            raise RuntimeError(
-                f"{d}: its KEY.json does not hash to the folder's name ({c.dir.name}); not exported"
-            )
-        held = c.items()
-        if only is not None:
-            missing = only - held.keys()
-            if missing:
-                raise FileNotFoundError(
-                    f"{d}: {len(missing)} of the run's {len(only)} pairs are not scored yet; finish the scores "
-                    "stage first (the export would be partial)"
-                )
-            held = {k: held[k] for k in only}
-        stores.append({"key": c.key, "scores": dict(sorted(held.items()))})
-        counts[d.name] = len(held)
-    if not stores:
-        raise FileNotFoundError(f"{root}: no score stores to export")
-    tmp = Path(path).with_name(Path(path).name + ".tmp")
-    with gzip.open(tmp, "wt", encoding="utf-8") as f:
-        json.dump({"format": FORMAT, "stores": stores}, f)
-    tmp.replace(path)
-    return counts
-
-
-def import_scores(root: str | Path, path: str | Path, tol: float = 1e-3) -> dict[str, dict[str, int]]:
-    """Add the scores of an :func:`export_scores` file to the stores under ``root``, each into the store of its own
-    computation key (so they are served only to the same model, dtype and forward). Scores the store already holds
-    are kept; one that differs by more than ``tol`` nats is counted as a conflict (and logged), never replaced.
-    Returns ``{store: {"added", "kept", "conflicts"}}``."""
+def read_export(path: str | Path) -> list[dict]:
+    """The stores (``{"key", "scores"}``) of an :func:`export_scores` file, every one checked before any is used: a
+    file that is not such an export, or holds a score that is not a number, is an error naming the file and store."""
     import gzip
 
     from epr.types import InputError
@@ -250,8 +208,68 @@ def import_scores(root: str | Path, path: str | Path, tol: float = 1e-3) -> dict
         bad = [k for k, v in s["scores"].items() if not isinstance(v, (int, float)) or isinstance(v, bool)]
         if bad:
             raise InputError(f"{path}: store #{i}: {len(bad)} scores are not numbers (first pair {bad[0]})")
+    return stores
+
+
+def export_scores(
+    root: str | Path,
+    path: str | Path,
+    key: dict | None = None,
+    only: set[str] | None = None,
+    skip: Sequence[str | Path] = (),
+) -> dict[str, int]:
+    """Write the score stores under ``root`` (a run root's ``.cache/scores``; only ``key``'s when given) to one
+    gzipped JSON file that :func:`import_scores` reads on another machine: labels scored once travel with a
+    repository instead of being scored again. ``only``: just these pair keys (:func:`pair_key`; one run's pairs);
+    a pair of ``only`` that the store does not hold is an error (the run is not fully scored). ``skip``: earlier
+    exports whose pairs (of the same store) are left out, so a long run carried across machines in stages commits
+    each stage's new scores once. Returns entries per store fingerprint."""
+    import gzip
+
+    root = Path(root)
+    carried: dict[str, set[str]] = {}
+    for p in skip:
+        for s in read_export(p):
+            carried.setdefault(fingerprint(s["key"]), set()).update(s["scores"])
+    dirs = [root / fingerprint(key)] if key is not None else sorted(p.parent for p in root.glob("*/KEY.json"))
+    stores, counts = [], {}
+    for d in dirs:
+        if not (d / "KEY.json").exists():
+            raise FileNotFoundError(f"{d}: no score store for this computation (nothing scored yet?)")
+        c = ScoreCache(root, json.loads((d / "KEY.json").read_text(encoding="utf-8")))
+        if c.dir != d:
+            raise RuntimeError(
+                f"{d}: its KEY.json does not hash to the folder's name ({c.dir.name}); not exported"
+            )
+        held = c.items()
+        if only is not None:
+            missing = only - held.keys()
+            if missing:
+                raise FileNotFoundError(
+                    f"{d}: {len(missing)} of the run's {len(only)} pairs are not scored yet; finish the scores "
+                    "stage first (the export would be partial)"
+                )
+            held = {k: held[k] for k in only}
+        done = carried.get(d.name, set())
+        held = {k: v for k, v in held.items() if k not in done}
+        stores.append({"key": c.key, "scores": dict(sorted(held.items()))})
+        counts[d.name] = len(held)
+    if not stores:
+        raise FileNotFoundError(f"{root}: no score stores to export")
+    tmp = Path(path).with_name(Path(path).name + ".tmp")
+    with gzip.open(tmp, "wt", encoding="utf-8") as f:
+        json.dump({"format": FORMAT, "stores": stores}, f)
+    tmp.replace(path)
+    return counts
+
+
+def import_scores(root: str | Path, path: str | Path, tol: float = 1e-3) -> dict[str, dict[str, int]]:
+    """Add the scores of an :func:`export_scores` file to the stores under ``root``, each into the store of its own
+    computation key (so they are served only to the same model, dtype and forward). Scores the store already holds
+    are kept; one that differs by more than ``tol`` nats is counted as a conflict (and logged), never replaced.
+    Returns ``{store: {"added", "kept", "conflicts"}}``."""
     out = {}
-    for s in stores:
+    for s in read_export(path):
         c = ScoreCache(root, s["key"])
         held = c.items()
         new = {k: float(v) for k, v in s["scores"].items() if k not in held}

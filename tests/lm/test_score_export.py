@@ -8,7 +8,7 @@ import pytest
 
 from epr import pipeline
 from epr.cli import main
-from epr.lm.score_cache import ScoreCache, export_scores, import_scores
+from epr.lm.score_cache import ScoreCache, export_scores, import_scores, read_export
 from tests.stages.test_pipeline import ctx_overrides, make_ctx
 
 
@@ -59,6 +59,37 @@ def test_scores_stay_under_their_own_key_and_conflicts_are_kept_out(tmp_path):
     c32, c16 = ScoreCache(dest, fp32), ScoreCache(dest, bf16)
     assert c32.get(["x", "y"], ["1", "2"]) == [-1.2, -2.0]  # the held value is kept, the new one added
     assert c16.get(["x", "y"], ["1", "2"]) == [-1.5, None]  # bf16's store got only bf16's score
+
+
+def test_staged_exports_carry_each_score_once_and_add_up_to_the_whole(tmp_path, capsys):
+    """A long run carried between machines in stages: each stage's export (``--skip`` the earlier ones) holds only
+    the scores scored since, per store, and importing every stage gives the store the one full export gives."""
+    run_root = tmp_path / "run"
+    root = run_root / ".cache" / "scores"
+    fp32, bf16 = {"lm": "m", "dtype": "fp32"}, {"lm": "m", "dtype": "bf16"}
+    ScoreCache(root, fp32).put(["x", "y"], ["1", "2"], [-1.0, -2.0], "t")
+    ScoreCache(root, bf16).put(["x"], ["1"], [-1.5], "t")
+    one, two, whole = (tmp_path / f"{n}.json.gz" for n in ("one", "two", "whole"))
+    assert sorted(export_scores(root, one).values()) == [1, 2]
+    ScoreCache(root, fp32).put(["z"], ["3"], [-3.0], "t")  # the run goes on: one more fp32 score, one bf16
+    ScoreCache(root, bf16).put(["y"], ["2"], [-2.5], "t")
+    sets = ["--set", f"run_root={run_root}"]
+    assert main(["cache", "export", str(two), "--skip", str(one), *sets]) == 0
+    assert "exported 1 scores" in capsys.readouterr().out
+    assert {len(s["scores"]) for s in read_export(two)} == {1}  # per store, only what came after the first
+    export_scores(root, whole)
+    staged, full = tmp_path / "staged", tmp_path / "full"
+    for f in (one, two):
+        import_scores(staged, f)
+    import_scores(full, whole)
+    for key in (fp32, bf16):
+        assert ScoreCache(staged, key).items() == ScoreCache(full, key).items()
+    assert len(ScoreCache(staged, fp32)) == 3 and len(ScoreCache(staged, bf16)) == 2
+    # a skipped file that is not an export is named, and nothing is written
+    bad = tmp_path / "bad.json.gz"
+    bad.write_bytes(b"not gzip")
+    assert main(["cache", "export", str(tmp_path / "x.json.gz"), "--skip", str(bad), *sets]) == 2
+    assert str(bad) in capsys.readouterr().err and not (tmp_path / "x.json.gz").exists()
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,63 @@
+"""``epr cache export|import FILE``: a run root's LM score stores as one portable file."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def add_parser(sub, common) -> None:
+    sc = sub.add_parser(
+        "cache",
+        parents=[common],
+        help="move LM scores between run roots or machines: export the run root's score stores to one file, "
+        "import one",
+    )
+    sc.add_argument("action", choices=("export", "import"))
+    sc.add_argument("file", help="the .json.gz file to write (export) or read (import)")
+    sc.add_argument(
+        "--this-lm",
+        action="store_true",
+        help="export: only the store of this config's scoring LM (model, dtype, forward), not every store",
+    )
+    sc.add_argument(
+        "--this-run",
+        action="store_true",
+        help="export: only the scores of this config's candidates (its labels; needs its candidates stage), "
+        "from its scoring LM's store",
+    )
+    sc.add_argument(
+        "--skip",
+        action="append",
+        default=[],
+        metavar="EARLIER",
+        help="export: leave out the scores an earlier export already carries (repeatable), so a long run moved "
+        "between machines in stages commits each stage's new scores once; import every file in turn",
+    )
+
+
+def run(ctx, args: argparse.Namespace) -> int:
+    """``epr cache export|import FILE``: the run root's LM score stores as one portable file (labels scored on one
+    machine are not scored again on another; each score is served only under its own model/dtype/forward key)."""
+    from epr.lm.factory import scoring_key
+    from epr.lm.score_cache import export_scores, import_scores
+
+    root = Path(ctx.cfg.run_root) / ".cache" / "scores"
+    if args.action == "export":
+        only = None
+        if args.this_run:  # this config's pairs only (needs its candidates), in its LM's store
+            from epr.stages.scores import run_pair_keys
+
+            only = run_pair_keys(ctx)
+        key = scoring_key(ctx.cfg) if args.this_lm or args.this_run else None
+        counts = export_scores(root, args.file, key, only, args.skip)
+        for store, n in counts.items():
+            sys.stdout.write(f"exported {n} scores of {root / store}\n")
+        sys.stdout.write(f"wrote {args.file} (epr cache import {args.file} on the other machine)\n")
+        return 0
+    for store, c in import_scores(root, args.file).items():
+        sys.stdout.write(
+            f"{root / store}: {c['added']} added, {c['kept']} already held, {c['conflicts']} conflicts\n"
+        )
+    return 0
