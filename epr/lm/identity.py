@@ -87,6 +87,17 @@ def _cpu_has_bf16() -> bool:
     return "amx_bf16" in flags or "avx512_bf16" in flags
 
 
+_WARNED: set[str] = set()
+
+
+def _warn_once(msg: str) -> None:
+    if msg not in _WARNED:
+        _WARNED.add(msg)
+        import logging
+
+        logging.getLogger(__name__).warning(msg)
+
+
 def resolve_dtype(dtype: str, device: str = "cpu") -> str:
     """``models.dtype`` on this machine: ``bf16`` where the hardware runs it fast (CUDA with bf16, a CPU with
     AMX / AVX512-BF16) under ``auto``, else ``fp32``; ``bf16`` / ``fp32`` as given."""
@@ -94,6 +105,12 @@ def resolve_dtype(dtype: str, device: str = "cpu") -> str:
         from epr.types import ConfigError
 
         raise ConfigError(f"models.dtype: {dtype!r} is not one of {', '.join(DTYPES)}")
+    if dtype == "bf16" and not str(device).startswith("cuda") and not _cpu_has_bf16():
+        _warn_once(
+            "models.dtype: bf16 on a CPU without AMX or AVX512-BF16 (an AVX2-only CPU emulates bf16 matrix work: "
+            "tens of times slower than fp32, which models.dtype: auto would choose here); its scores are bf16's, "
+            "and they are stored under bf16's key"
+        )
     if dtype != "auto":
         return dtype
     if str(device).startswith("cuda"):

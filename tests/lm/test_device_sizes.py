@@ -119,3 +119,24 @@ def test_gpu_memory_reads_the_allocator_on_cuda_only(monkeypatch):
     got = factory.gpu_memory("cuda:1")
     assert got == {"max_reserved_gb": 139.0, "max_allocated_gb": 12.5, "total_gb": 143.0, "alloc_retries": 57}
     assert seen == ["cuda:1"]
+
+
+def test_bf16_asked_for_on_a_cpu_without_bf16_instructions_is_named_once(monkeypatch, caplog):
+    """An AVX2-only CPU emulates bf16 matrix work: asking for bf16 there is allowed (its scores are bf16's, under
+    bf16's key) but said once per process; auto picks fp32 there and says nothing; a bf16 CPU and CUDA say nothing."""
+    import logging
+
+    from epr.lm import identity
+
+    monkeypatch.setattr(identity, "_WARNED", set())
+    monkeypatch.setattr(identity, "_cpu_has_bf16", lambda: False)
+    with caplog.at_level(logging.WARNING, logger="epr.lm.identity"):
+        assert identity.resolve_dtype("auto") == "fp32" and not caplog.records
+        assert identity.resolve_dtype("bf16", "cuda:0") == "bf16" and not caplog.records
+        assert identity.resolve_dtype("bf16") == "bf16" and identity.resolve_dtype("bf16", "cpu") == "bf16"
+        assert len(caplog.records) == 1 and "AVX512-BF16" in caplog.records[0].getMessage()
+        caplog.clear()
+        monkeypatch.setattr(identity, "_cpu_has_bf16", lambda: True)
+        monkeypatch.setattr(identity, "_WARNED", set())
+        assert identity.resolve_dtype("bf16") == "bf16" and identity.resolve_dtype("auto") == "bf16"
+        assert not caplog.records
