@@ -89,8 +89,8 @@ def label(metric: str) -> str:
     return "EM" if metric in ("em", "correct") else metric.upper().replace("_", "-")
 
 
-def _ci(v: dict) -> str:
-    return f"{v['value']:.2f} ({v['ci_low']:.2f} to {v['ci_high']:.2f})"
+def _ci(v: dict, fmt: str = ".2f") -> str:
+    return f"{v['value']:{fmt}} ({v['ci_low']:{fmt}} to {v['ci_high']:{fmt}})"
 
 
 def comparison_table(task, results: dict, n: int, cfg, label_cost: dict | None = None) -> Table:
@@ -116,7 +116,9 @@ def comparison_table(task, results: dict, n: int, cfg, label_cost: dict | None =
         ]
         for m in extra:
             cells += [f"{v[m]['value']:.1f}", f"{v[m]['ci_low']:.1f}-{v[m]['ci_high']:.1f}"]
-        lp = [_ci(v[x]) if x in v else "" for x in ("gold_logprob", "dpo")]
+        # DPO: log sigmoid of the gain over the empty context saturates near 0 when demonstrations help a lot (the
+        # demo set's rows are all about -1e-9): significant digits, not -0.00 for every row
+        lp = [_ci(v[x], f) if x in v else "" for x, f in (("gold_logprob", ".2f"), ("dpo", ".3g"))]
         cells += [*lp, "" if v["paper"] is None else str(v["paper"]), f"{v['mean_demos']:.1f}", str(bad)]
         rows.append(cells)
         csv_rows.append(

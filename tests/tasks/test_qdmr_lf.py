@@ -137,3 +137,29 @@ def test_break_task_reports_lf_em_and_the_table_shows_it(tmp_path):
     assert "| bm25 | 0.0 | 0.0-0.0 | 100.0 | 100.0-100.0 |  |  | 26.0 |" in md
     header = (tmp_path / "results.csv").read_text().splitlines()[0]
     assert header.startswith("retriever,em,ci_low,ci_high,lf_em,lf_em_ci_low,lf_em_ci_high,paper")
+
+
+def test_a_saturated_dpo_is_shown_in_significant_digits(tmp_path):
+    """DPO against the empty context saturates near 0 when demonstrations help a lot (the demo set's rows are all
+    about -1e-9): the table shows its significant digits, not -0.00 for every row; gold log-prob keeps 2 decimals."""
+    from types import SimpleNamespace
+
+    from epr.reports.tables import comparison_table, write_comparison
+    from epr.tasks.semparse import Break
+
+    task = Break.__new__(Break)
+    task.name = "break"
+    row = {
+        "em": 50.0, "ci_low": 10.0, "ci_high": 90.0, "oracle": False, "mean_demos": 2.0, "mean_prompt_tokens": 50.0,
+        "prompt_status": {"ok": 1, "no_demo_fits": 0, "query_too_long": 0}, "paper": None,
+        "lf_em": {"value": 50.0, "ci_low": 10.0, "ci_high": 90.0},
+        "gold_logprob": {"value": -0.8234, "ci_low": -1.04, "ci_high": -0.63},
+        "dpo": {"value": -2.13e-9, "ci_low": -4.0e-9, "ci_high": -1.1e-10},
+    }  # fmt: skip
+    cfg = SimpleNamespace(
+        models=SimpleNamespace(inference_lm=None, lm="smollm2"),
+        retrieve=SimpleNamespace(prompt_budget=256, answer_reserve=64, max_demos=4),
+    )
+    write_comparison(tmp_path, comparison_table(task, {"epr": row}, 1, cfg))
+    md = (tmp_path / "results.md").read_text()
+    assert "| -0.82 (-1.04 to -0.63) | -2.13e-09 (-4e-09 to -1.1e-10) |" in md
