@@ -44,6 +44,10 @@ def run(ctx, args: argparse.Namespace) -> int:
     from epr.lm.score_cache import export_scores, import_scores
 
     root = Path(ctx.cfg.run_root) / ".cache" / "scores"
+    if args.skip and args.action != "export":
+        from epr.types import InputError
+
+        raise InputError("epr cache import: --skip is for export (import each stage's file in turn)")
     if args.action == "export":
         only = None
         if args.this_run:  # this config's pairs only (needs its candidates), in its LM's store

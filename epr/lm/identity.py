@@ -15,6 +15,7 @@ __all__ = [
     "model_identity",
     "default_device",
     "resolve_dtype",
+    "warn_if_emulated",
     "device_size",
 ]
 
@@ -90,8 +91,15 @@ def _cpu_has_bf16() -> bool:
 _WARNED: set[str] = set()
 
 
-def _warn_once(msg: str) -> None:
-    if msg not in _WARNED:
+def warn_if_emulated(dtype: str, device: str = "cpu") -> None:
+    """Say once per process, where a model is loaded to compute, that bf16 on a CPU without AMX or AVX512-BF16 is
+    emulated (tens of times slower than the fp32 that ``auto`` picks there). Building a key says nothing."""
+    msg = (
+        "models.dtype: bf16 on a CPU without AMX or AVX512-BF16 (an AVX2-only CPU emulates bf16 matrix work: tens "
+        "of times slower than fp32, which models.dtype: auto would choose here); its scores are bf16's, stored "
+        "under bf16's key"
+    )
+    if dtype == "bf16" and not str(device).startswith("cuda") and not _cpu_has_bf16() and msg not in _WARNED:
         _WARNED.add(msg)
         import logging
 
@@ -105,12 +113,6 @@ def resolve_dtype(dtype: str, device: str = "cpu") -> str:
         from epr.types import ConfigError
 
         raise ConfigError(f"models.dtype: {dtype!r} is not one of {', '.join(DTYPES)}")
-    if dtype == "bf16" and not str(device).startswith("cuda") and not _cpu_has_bf16():
-        _warn_once(
-            "models.dtype: bf16 on a CPU without AMX or AVX512-BF16 (an AVX2-only CPU emulates bf16 matrix work: "
-            "tens of times slower than fp32, which models.dtype: auto would choose here); its scores are bf16's, "
-            "and they are stored under bf16's key"
-        )
     if dtype != "auto":
         return dtype
     if str(device).startswith("cuda"):

@@ -214,9 +214,11 @@ def resolve_encoder(name: str, cache: str | None = None) -> str:
 def pick_dtype(dtype: str = "auto", device: str | torch.device = "cpu") -> torch.dtype:
     """The torch dtype of ``models.dtype`` here (``epr.lm.factory.resolve_dtype``: bf16 where the hardware runs it
     fast, else fp32)."""
-    from epr.lm.identity import resolve_dtype
+    from epr.lm.identity import resolve_dtype, warn_if_emulated
 
-    return torch.bfloat16 if resolve_dtype(dtype, str(device)) == "bf16" else torch.float32
+    resolved = resolve_dtype(dtype, str(device))
+    warn_if_emulated(resolved, str(device))
+    return torch.bfloat16 if resolved == "bf16" else torch.float32
 
 
 def load_lm(

@@ -223,12 +223,16 @@ def export_scores(
     repository instead of being scored again. ``only``: just these pair keys (:func:`pair_key`; one run's pairs);
     a pair of ``only`` that the store does not hold is an error (the run is not fully scored). ``skip``: earlier
     exports whose pairs (of the same store) are left out, so a long run carried across machines in stages commits
-    each stage's new scores once. Returns entries per store fingerprint."""
+    each stage's new scores once (a store left with none is not written). Returns entries per store fingerprint."""
     import gzip
+
+    from epr.types import InputError
 
     root = Path(root)
     carried: dict[str, set[str]] = {}
     for p in skip:
+        if Path(p).resolve() == Path(path).resolve():
+            raise InputError(f"{p}: the file to write is also one to skip; name the new stage another file")
         for s in read_export(p):
             carried.setdefault(fingerprint(s["key"]), set()).update(s["scores"])
     dirs = [root / fingerprint(key)] if key is not None else sorted(p.parent for p in root.glob("*/KEY.json"))
@@ -242,20 +246,23 @@ def export_scores(
                 f"{d}: its KEY.json does not hash to the folder's name ({c.dir.name}); not exported"
             )
         held = c.items()
+        done = carried.get(d.name, set())
         if only is not None:
-            missing = only - held.keys()
+            missing = only - held.keys() - done
             if missing:
                 raise FileNotFoundError(
                     f"{d}: {len(missing)} of the run's {len(only)} pairs are not scored yet; finish the scores "
                     "stage first (the export would be partial)"
                 )
-            held = {k: held[k] for k in only}
-        done = carried.get(d.name, set())
+            held = {k: held[k] for k in only if k in held}
         held = {k: v for k, v in held.items() if k not in done}
         stores.append({"key": c.key, "scores": dict(sorted(held.items()))})
         counts[d.name] = len(held)
     if not stores:
         raise FileNotFoundError(f"{root}: no score stores to export")
+    stores = [
+        s for s in stores if s["scores"] or not skip
+    ]  # what earlier stages carry whole is not written again
     tmp = Path(path).with_name(Path(path).name + ".tmp")
     with gzip.open(tmp, "wt", encoding="utf-8") as f:
         json.dump({"format": FORMAT, "stores": stores}, f)

@@ -123,20 +123,25 @@ def test_gpu_memory_reads_the_allocator_on_cuda_only(monkeypatch):
 
 def test_bf16_asked_for_on_a_cpu_without_bf16_instructions_is_named_once(monkeypatch, caplog):
     """An AVX2-only CPU emulates bf16 matrix work: asking for bf16 there is allowed (its scores are bf16's, under
-    bf16's key) but said once per process; auto picks fp32 there and says nothing; a bf16 CPU and CUDA say nothing."""
+    bf16's key) but said once per process where a model is loaded to compute (``pick_dtype``); building a key
+    (``resolve_dtype``) says nothing, auto picks fp32 there, and a bf16 CPU and CUDA say nothing."""
     import logging
 
+    import torch
+
     from epr.lm import identity
+    from epr.lm.models import pick_dtype
 
     monkeypatch.setattr(identity, "_WARNED", set())
     monkeypatch.setattr(identity, "_cpu_has_bf16", lambda: False)
     with caplog.at_level(logging.WARNING, logger="epr.lm.identity"):
-        assert identity.resolve_dtype("auto") == "fp32" and not caplog.records
-        assert identity.resolve_dtype("bf16", "cuda:0") == "bf16" and not caplog.records
-        assert identity.resolve_dtype("bf16") == "bf16" and identity.resolve_dtype("bf16", "cpu") == "bf16"
+        assert identity.resolve_dtype("bf16") == "bf16" and not caplog.records  # a key: no warning
+        assert pick_dtype("auto") == torch.float32 and not caplog.records
+        assert pick_dtype("bf16", "cuda:0") == torch.bfloat16 and not caplog.records
+        assert pick_dtype("bf16") == torch.bfloat16 == pick_dtype("bf16", "cpu")
         assert len(caplog.records) == 1 and "AVX512-BF16" in caplog.records[0].getMessage()
         caplog.clear()
         monkeypatch.setattr(identity, "_cpu_has_bf16", lambda: True)
         monkeypatch.setattr(identity, "_WARNED", set())
-        assert identity.resolve_dtype("bf16") == "bf16" and identity.resolve_dtype("auto") == "bf16"
+        assert pick_dtype("bf16") == torch.bfloat16 == pick_dtype("auto")
         assert not caplog.records

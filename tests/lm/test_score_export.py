@@ -7,8 +7,9 @@ import json
 import pytest
 
 from epr import pipeline
+from epr.cache import fingerprint
 from epr.cli import main
-from epr.lm.score_cache import ScoreCache, export_scores, import_scores, read_export
+from epr.lm.score_cache import ScoreCache, export_scores, import_scores, pair_key, read_export
 from tests.stages.test_pipeline import ctx_overrides, make_ctx
 
 
@@ -85,11 +86,27 @@ def test_staged_exports_carry_each_score_once_and_add_up_to_the_whole(tmp_path, 
     for key in (fp32, bf16):
         assert ScoreCache(staged, key).items() == ScoreCache(full, key).items()
     assert len(ScoreCache(staged, fp32)) == 3 and len(ScoreCache(staged, bf16)) == 2
-    # a skipped file that is not an export is named, and nothing is written
+    # nothing new since stage two: a third stage writes no store (its import adds nothing, makes no folder)
+    three = tmp_path / "three.json.gz"
+    assert sorted(export_scores(root, three, skip=[one, two]).values()) == [0, 0]
+    assert read_export(three) == []
+    # with `only` (one run's pairs), a pair an earlier stage carries need not be held here
+    fresh = tmp_path / "fresh"
+    import_scores(fresh, two)
+    wanted = {pair_key("x", "1"), pair_key("z", "3")}
+    assert export_scores(fresh, tmp_path / "o.json.gz", fp32, wanted, [one]) == {fingerprint(fp32): 1}
+    with pytest.raises(FileNotFoundError, match="not scored yet"):
+        export_scores(fresh, tmp_path / "o.json.gz", fp32, wanted)  # without the stage that carries x
+    # a skipped file that is not an export, or is the file to write, is named, and nothing is written
     bad = tmp_path / "bad.json.gz"
     bad.write_bytes(b"not gzip")
     assert main(["cache", "export", str(tmp_path / "x.json.gz"), "--skip", str(bad), *sets]) == 2
     assert str(bad) in capsys.readouterr().err and not (tmp_path / "x.json.gz").exists()
+    before = one.read_bytes()
+    assert main(["cache", "export", str(one), "--skip", str(one), *sets]) == 2
+    assert "also one to skip" in capsys.readouterr().err and one.read_bytes() == before
+    assert main(["cache", "import", str(one), "--skip", str(two), *sets]) == 2
+    assert "--skip is for export" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
