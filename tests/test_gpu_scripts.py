@@ -81,3 +81,12 @@ def test_the_call_returns_at_its_limit_while_a_lane_still_runs(tmp_path):
     while not (R / "lane0.end").exists() and time.time() < deadline:  # the run outlives the call
         time.sleep(0.2)
     assert (R / "0.done").exists()
+
+
+def test_the_payload_folder_is_ignored_by_git():
+    """The device tool copies every untracked file git does not ignore into each call: the payload's pieces
+    (.gpu/xK, ~37 MB each) must be ignored, so that each call carries only the piece named in its ``carry``. A fresh
+    clone has no .git/info/exclude, so .gitignore itself must say it."""
+    lines = (ROOT / ".gitignore").read_text().splitlines()
+    assert ".gpu/" in lines
+    assert ".gpu/" in (ROOT / "scripts" / "gpu_payload.sh").read_text()
