@@ -260,9 +260,8 @@ def export_scores(
         counts[d.name] = len(held)
     if not stores:
         raise FileNotFoundError(f"{root}: no score stores to export")
-    stores = [
-        s for s in stores if s["scores"] or not skip
-    ]  # what earlier stages carry whole is not written again
+    # a store that earlier stages carry whole is not written again
+    stores = [s for s in stores if s["scores"] or not skip]
     tmp = Path(path).with_name(Path(path).name + ".tmp")
     with gzip.open(tmp, "wt", encoding="utf-8") as f:
         json.dump({"format": FORMAT, "stores": stores}, f)
