@@ -25,7 +25,9 @@ if [ ! -f "$T/site.ok" ]; then
     "$T"/payload/whl/*.whl || exit 4
   touch "$T/site.ok"
 fi
-export PYTHONPATH=$T/site:$PWD HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
+# the tokenizer on every core: on a GPU the host's work per label sequence, tokenising most of it, is what the
+# GPU waits on (benchmarks/results/scoring-host-*.md); `epr run` starts no forked worker (a fork would tokenise on one core)
+export PYTHONPATH=$T/site:$PWD HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=${TOKENIZERS_PARALLELISM:-true} PYTHONUNBUFFERED=1
 # the 8,000-label H200 run held 139 of 143 GB by its second arm (many batch shapes in one process): segments that grow
 # instead of cached blocks of every size; the scores stage logs where its time went (prepare / lm / store)
 export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}

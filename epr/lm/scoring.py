@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-__all__ = ["LMScorer", "TokenScorer", "SequenceTooLong", "make_batches", "reference_score"]
+__all__ = ["LMScorer", "TokenScorer", "SequenceTooLong", "make_batches", "reference_score", "token_ids"]
 
 log = logging.getLogger(__name__)
 
@@ -80,8 +80,8 @@ class TokenScorer:
     def encode(self, contexts: Sequence[str], targets: Sequence[str]) -> list[tuple[list[int], list[int]]]:
         if len(contexts) != len(targets):
             raise ValueError(f"{len(contexts)} contexts but {len(targets)} targets")
-        ctx = self.tok(list(contexts), add_special_tokens=True)["input_ids"]
-        tgt = self.tok(list(targets), add_special_tokens=False)["input_ids"]
+        ctx = token_ids(self.tok, contexts, special=True)
+        tgt = token_ids(self.tok, targets, special=False)
         out = []
         start = self._start_token()
         for i, (c, t) in enumerate(zip(ctx, tgt)):
@@ -216,7 +216,7 @@ class LMScorer(TokenScorer):
 
         if not isinstance(self.backbone, FastLlama):
             return self.score_ids(pairs)
-        pre = self.tok(list(prefixes), add_special_tokens=True)["input_ids"]
+        pre = token_ids(self.tok, prefixes, special=True)
         groups: dict[tuple[int, ...], list[int]] = {}
         plain: list[int] = []
         for i, ((c, _t), p) in enumerate(zip(pairs, pre)):
@@ -233,11 +233,8 @@ class LMScorer(TokenScorer):
         dev = self.device
         for gb in _prefix_batches(keys, self.batch_tokens):
             P = max(len(keys[g]) for g in gb)
-            pids = torch.full((len(gb), P), pad, dtype=torch.long)
-            pmask = torch.zeros(len(gb), P, dtype=torch.bool)
-            for j, g in enumerate(gb):
-                pids[j, : len(keys[g])] = torch.tensor(keys[g])
-                pmask[j, : len(keys[g])] = True
+            pids = _padded([keys[g] for g in gb], P, pad)
+            pmask = _padded([[1] * len(keys[g]) for g in gb], P, 0).bool()
             kv = self.backbone.prefix_kv(pids.to(dev))
             pmask = pmask.to(dev)
             # the suffixes of these prefixes, length-sorted into token-budget batches
@@ -245,44 +242,28 @@ class LMScorer(TokenScorer):
             sfx = [pairs[i][0][len(keys[gb[j]]) :] + pairs[i][1] for j, i in rows]
             for b in make_batches([len(x) + P for x in sfx], self.batch_tokens):
                 sel = torch.tensor([rows[r][0] for r in b], device=dev)
-                S = max(len(sfx[r]) for r in b)
-                ids = torch.full((len(b), S), pad, dtype=torch.long)
-                rr, cc, labels, seg = [], [], [], []
-                for bi, r in enumerate(b):
-                    j, i = rows[r]
-                    ids[bi, : len(sfx[r])] = torch.tensor(sfx[r])
-                    c, t = pairs[i]
-                    n0 = len(keys[gb[j]])  # prefix length: full position p is suffix index p - n0
-                    p = torch.arange(len(c) - 1, len(c) + len(t) - 1) - n0
-                    rr.append(torch.full_like(p, bi))
-                    cc.append(p)
-                    labels.append(torch.tensor(t))
-                    seg.append(torch.full_like(p, bi))
+                ids = _padded([sfx[r] for r in b], max(len(sfx[r]) for r in b), pad)
+                # target token t of a pair sits at full position len(c) - 1 + t, suffix index that minus the prefix
+                spans = []
+                for r in b:
+                    c, t = pairs[rows[r][1]]
+                    spans.append((len(c) - 1 - len(keys[gb[rows[r][0]]]), t))
                 start = torch.tensor([len(keys[gb[rows[r][0]]]) for r in b])
                 past = [(k.index_select(0, sel), v.index_select(0, sel)) for k, v in kv]
                 hidden = self.backbone.forward_after(ids.to(dev), start.to(dev), past, pmask[sel])
-                out[[rows[r][1] for r in b]] = self._target_sums(hidden, rr, cc, labels, seg, len(b))[0]
+                out[[rows[r][1] for r in b]] = self._target_sums(hidden, *_target_index(spans), len(b))[0]
         return out
 
     @torch.inference_mode()
     def _forward(self, items: list[_Item], greedy: bool = False) -> tuple[np.ndarray, np.ndarray | None]:
-        T = max(len(it.ids) for it in items)
         pad = self.tok.pad_token_id if self.tok.pad_token_id is not None else 0
-        ids = torch.full((len(items), T), pad, dtype=torch.long)
-        rows, cols, labels, seg = [], [], [], []
-        for b, it in enumerate(items):
-            L = len(it.ids)
-            ids[b, :L] = torch.tensor(it.ids)
-            # position p predicts token p+1: target tokens sit at n_ctx..L-1
-            p = torch.arange(it.n_ctx - 1, L - 1)
-            rows.append(torch.full_like(p, b))
-            cols.append(p)
-            labels.append(torch.tensor(it.ids[it.n_ctx :]))
-            seg.append(torch.full_like(p, b))
+        ids = _padded([it.ids for it in items], max(len(it.ids) for it in items), pad)
+        # position p predicts token p+1: target tokens sit at n_ctx..L-1, predicted from n_ctx-1..L-2
+        spans = [(it.n_ctx - 1, it.ids[it.n_ctx :]) for it in items]
         # Right padding under a causal mask: real tokens never attend to the pads that follow them, so no
         # padding mask is needed and attention takes its fast is_causal path.
         hidden = self.backbone(ids.to(self.device))
-        return self._target_sums(hidden, rows, cols, labels, seg, len(items), greedy)
+        return self._target_sums(hidden, *_target_index(spans), len(items), greedy)
 
     @torch.inference_mode()
     def _target_sums(
@@ -290,12 +271,13 @@ class LMScorer(TokenScorer):
     ) -> tuple[np.ndarray, np.ndarray | None]:
         """Summed log-probs of the target tokens: the LM head only at the positions ``(rows, cols)`` of ``hidden``
         that predict them, summed per sequence ``seg``; with ``greedy``, also whether each sequence's target tokens
-        are all the first index of the largest logit (the greedy decoder's choice, in the head's own dtype)."""
+        are all the first index of the largest logit (the greedy decoder's choice, in the head's own dtype). ``rows``,
+        ``cols``, ``labels``, ``seg``: flat tensors of :func:`_target_index`."""
         dev = self.device
-        h = hidden[torch.cat(rows).to(dev), torch.cat(cols).to(dev)]  # (n_target_tokens, H)
+        h = hidden[rows.to(dev), cols.to(dev)]  # (n_target_tokens, H)
         raw = self.model.get_output_embeddings()(h)
-        lab = torch.cat(labels).to(dev)
-        seg = torch.cat(seg).to(dev)
+        lab = labels.to(dev)
+        seg = seg.to(dev)
         lp = torch.log_softmax(raw.float(), dim=-1).gather(1, lab[:, None])[:, 0]
         sums = torch.zeros(n, dtype=torch.float64, device=dev)
         sums.index_add_(0, seg, lp.double())
@@ -304,6 +286,52 @@ class LMScorer(TokenScorer):
         miss = torch.zeros(n, dtype=torch.long, device=dev)
         miss.index_add_(0, seg, (first_max_index(raw) != lab).long())
         return sums.cpu().numpy(), (miss == 0).cpu().numpy()
+
+
+def token_ids(tok, texts: Sequence[str], special: bool) -> list[list[int]]:
+    """``tok(texts, add_special_tokens=special)["input_ids"]``, each distinct text tokenised once (EPR's label pairs
+    repeat each target L times and each demonstration in several pairs). A fast tokenizer with no truncation or
+    padding set is asked directly (``encode_batch_fast``: the ids alone, without the offsets and masks the wrapper
+    builds, which took as long as the tokenising); the ids are the wrapper's (tested). Equal texts share one list:
+    callers must not change it in place."""
+    texts = list(texts)
+    uniq = list(dict.fromkeys(texts))
+    be = getattr(tok, "backend_tokenizer", None) if getattr(tok, "is_fast", False) else None
+    direct = (
+        be is not None
+        and be.truncation is None
+        and be.padding is None
+        and getattr(be, "encode_special_tokens", None) == bool(getattr(tok, "split_special_tokens", False))
+    )
+    if not uniq:
+        ids: list[list[int]] = []
+    elif direct:
+        enc = getattr(be, "encode_batch_fast", be.encode_batch)(uniq, add_special_tokens=special)
+        ids = [e.ids for e in enc]
+    else:
+        ids = tok(uniq, add_special_tokens=special)["input_ids"]
+    if len(uniq) == len(texts):
+        return ids
+    at = dict(zip(uniq, ids))
+    return [at[t] for t in texts]
+
+
+def _padded(seqs: Sequence[Sequence[int]], width: int, pad: int) -> torch.Tensor:
+    """``(len(seqs), width)`` long tensor of right-padded rows, built in one call."""
+    return torch.tensor([list(s) + [pad] * (width - len(s)) for s in seqs], dtype=torch.long)
+
+
+def _target_index(spans: Sequence[tuple[int, Sequence[int]]]):
+    """For row ``b`` with ``(p0, target)``: the hidden states at ``(b, p0 + k)`` predict ``target[k]``. Returns flat
+    ``(rows, cols, labels, seg)`` long tensors for :meth:`LMScorer._target_sums` (``seg`` = ``rows``: the sum each
+    target token adds to)."""
+    rows, cols, labels = [], [], []
+    for b, (p0, t) in enumerate(spans):
+        rows += [b] * len(t)
+        cols += range(p0, p0 + len(t))
+        labels += t
+    r = torch.tensor(rows, dtype=torch.long)
+    return r, torch.tensor(cols, dtype=torch.long), torch.tensor(labels, dtype=torch.long), r
 
 
 def _prefix_batches(groups: list[tuple[int, ...]], batch_tokens: int) -> list[list[int]]:

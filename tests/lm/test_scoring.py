@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from epr.lm.scoring import LMScorer, SequenceTooLong, make_batches, reference_score
+from epr.lm.scoring import LMScorer, SequenceTooLong, make_batches, reference_score, token_ids
 
 CTX = [
     "turn on the kitchen lights\t[IN:ON [SL:ROOM kitchen ] ]\n",
@@ -101,3 +101,49 @@ def test_real_lm_prefix_shared_matches_plain_fp32():
     p, c, t = _prefixed_case()
     s = LMScorer(model, tok, batch_tokens=512)
     np.testing.assert_allclose(s.score_prefixed(p, c, t), s.score(c, t), rtol=1e-4, atol=2e-3)
+
+
+def _texts():
+    """Label-scoring texts as the scores stage makes them: repeated targets and demonstrations, an empty text,
+    special-token text, unicode and a seam that BPE could merge across."""
+    p, c, t = _prefixed_case()
+    return p + c + t + ["", "<|endoftext|> hi", "caf\u00e9 \u2603\n", "a  b\t\tc"]
+
+
+@pytest.mark.parametrize("special", [True, False])
+def test_token_ids_are_the_tokenizers_own(special):
+    """The direct fast-tokenizer path (each distinct text once) returns exactly the wrapper's ids."""
+    from epr.lm.models import load_lm
+
+    _, tok = load_lm("smollm2", dtype="fp32")
+    texts = _texts()
+    assert len(set(texts)) < len(texts)  # the dedup is exercised
+    want = tok(texts, add_special_tokens=special)["input_ids"]
+    assert token_ids(tok, texts, special) == want
+    assert token_ids(tok, [], special) == []
+
+
+def test_token_ids_follow_the_wrapper_where_the_backend_is_set_up_otherwise():
+    """A backend with truncation switched on is asked through the wrapper, which tokenises untruncated, as a plain
+    ``tok(texts)`` call does; asked directly it would cut every text at 8 tokens."""
+    from epr.lm.models import load_lm
+
+    _, tok = load_lm("smollm2", dtype="fp32")
+    texts = ["word " * 50, "word " * 50, "short"]
+    tok.backend_tokenizer.enable_truncation(8)
+    try:
+        got = token_ids(tok, texts, True)  # first: the wrapper switches the backend's truncation off
+        assert [len(x) for x in got] == [len(x) for x in tok(texts, add_special_tokens=True)["input_ids"]]
+        assert len(got[0]) > 8
+    finally:
+        tok.backend_tokenizer.no_truncation()
+
+
+def test_scores_do_not_change_when_texts_repeat(tiny_lm):
+    """Shared id lists (equal texts tokenised once) are not changed in place by scoring."""
+    model, tok = tiny_lm
+    s = LMScorer(model, tok, batch_tokens=64)
+    p, c, t = _prefixed_case()
+    first = s.score_prefixed(p, c, t)
+    np.testing.assert_array_equal(s.score_prefixed(p, c, t), first)
+    np.testing.assert_array_equal(s.score(c, t), s.score(c, t))
