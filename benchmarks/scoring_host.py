@@ -126,7 +126,15 @@ def _worker(a, src: Path, res: Path) -> list[dict]:
     argv = [sys.executable, "-m", "benchmarks.scoring_host", "--worker", str(res), "--labels", str(a.labels)]
     argv += ["--queries", str(a.queries), "--L", str(a.L), "--batch-tokens", str(a.batch_tokens)]
     argv += ["--chunks", ",".join(map(str, a.chunks)), "--data-dir", str(Path(a.data_dir).resolve())]
-    subprocess.run(argv, cwd=src, env={**os.environ, "PYTHONPATH": str(src)}, check=True)
+    subprocess.run(
+        argv,
+        cwd=src,
+        env={
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(src), os.environ.get("PYTHONPATH")])),
+        },
+        check=True,
+    )
     return json.loads(res.read_text())
 
 

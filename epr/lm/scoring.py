@@ -78,6 +78,8 @@ class TokenScorer:
 
     # -- tokenisation ---------------------------------------------------------------------------
     def encode(self, contexts: Sequence[str], targets: Sequence[str]) -> list[tuple[list[int], list[int]]]:
+        """``(context ids with special tokens, target ids)`` per pair (:func:`token_ids`: pairs with equal texts share
+        one id list, so a caller must not change the lists in place)."""
         if len(contexts) != len(targets):
             raise ValueError(f"{len(contexts)} contexts but {len(targets)} targets")
         ctx = token_ids(self.tok, contexts, special=True)
@@ -243,7 +245,7 @@ class LMScorer(TokenScorer):
             for b in make_batches([len(x) + P for x in sfx], self.batch_tokens):
                 sel = torch.tensor([rows[r][0] for r in b], device=dev)
                 ids = _padded([sfx[r] for r in b], max(len(sfx[r]) for r in b), pad)
-                # target token t of a pair sits at full position len(c) - 1 + t, suffix index that minus the prefix
+                # target token k of a pair is predicted at full position len(c) - 1 + k: suffix index that minus the prefix
                 spans = []
                 for r in b:
                     c, t = pairs[rows[r][1]]
@@ -290,10 +292,12 @@ class LMScorer(TokenScorer):
 
 def token_ids(tok, texts: Sequence[str], special: bool) -> list[list[int]]:
     """``tok(texts, add_special_tokens=special)["input_ids"]``, each distinct text tokenised once (EPR's label pairs
-    repeat each target L times and each demonstration in several pairs). A fast tokenizer with no truncation or
-    padding set is asked directly (``encode_batch_fast``: the ids alone, without the offsets and masks the wrapper
-    builds, which took as long as the tokenising); the ids are the wrapper's (tested). Equal texts share one list:
-    callers must not change it in place."""
+    repeat each target L times and each demonstration in several pairs). A fast tokenizer whose backend has no
+    truncation or padding set and splits special tokens as the wrapper would (``encode_special_tokens`` ==
+    ``split_special_tokens``) is asked directly (``encode_batch_fast``: the ids alone, without the offsets and masks
+    the wrapper builds, which took as long as the tokenising); the ids are the wrapper's (tested). Anything else goes
+    through the wrapper. The direct path skips the wrapper's switch of a seq2seq tokenizer back to input mode: a
+    scorer's tokenizer is a causal LM's. Equal texts share one list: callers must not change it in place."""
     texts = list(texts)
     uniq = list(dict.fromkeys(texts))
     be = getattr(tok, "backend_tokenizer", None) if getattr(tok, "is_fast", False) else None
