@@ -111,15 +111,27 @@ def _texts():
 
 
 @pytest.mark.parametrize("special", [True, False])
-def test_token_ids_are_the_tokenizers_own(special):
-    """The direct fast-tokenizer path (each distinct text once) returns exactly the wrapper's ids."""
+@pytest.mark.parametrize("which", ["smollm2", "minilm"])
+def test_token_ids_are_the_tokenizers_own(special, which, minilm_dir):
+    """The direct fast-tokenizer path (each distinct text once) returns exactly the wrapper's ids: SmolLM2's
+    byte-level BPE, and MiniLM's WordPiece (the tiny test LMs' tokenizer), which lower-cases and adds [CLS] / [SEP]
+    only with special tokens, so the flag is exercised."""
+    from transformers import AutoTokenizer
+
     from epr.lm.models import load_lm
 
-    _, tok = load_lm("smollm2", dtype="fp32")
+    tok = (
+        load_lm("smollm2", dtype="fp32")[1]
+        if which == "smollm2"
+        else AutoTokenizer.from_pretrained(minilm_dir)
+    )
+    assert tok.is_fast
     texts = _texts()
     assert len(set(texts)) < len(texts)  # the dedup is exercised
     want = tok(texts, add_special_tokens=special)["input_ids"]
     assert token_ids(tok, texts, special) == want
+    if which == "minilm":
+        assert want != tok(texts, add_special_tokens=not special)["input_ids"]
     assert token_ids(tok, [], special) == []
 
 
