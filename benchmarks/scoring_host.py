@@ -49,20 +49,29 @@ def _label_set(data_dir: str, labels: int, queries: int, L: int):
     return task, pool, mine(pool, qids, L, "output", "bm25s", progress=False)
 
 
-def _stub_lm(scorer) -> None:
+def _stub_lm(scorer) -> dict:
     """Replace the LM's arithmetic with zeros of the right shapes; the host's work around it stays. The head's
-    stand-in does the same indexing either revision's ``_target_sums`` does (flat tensors, or lists of them)."""
+    stand-in does the same indexing either revision's ``_target_sums`` does (flat tensors, or lists of them).
+    Returns the counter of the padded token positions the LM would have computed (``tokens``): the work a
+    FLOP-bound device does, prefixes once per distinct demonstration in a batch of prefixes."""
     import numpy as np
     import torch
 
     hidden = scorer.model.config.hidden_size
     layers = scorer.model.config.num_hidden_layers
+    count = {"tokens": 0}
 
     def prefix_kv(pids):
+        count["tokens"] += pids.numel()
         z = torch.zeros(pids.shape[0], 1, 1, 1)
         return [(z, z)] * layers
 
     def forward_after(ids, start, past, pmask):
+        count["tokens"] += ids.numel()
+        return torch.zeros(ids.shape[0], ids.shape[1], hidden)
+
+    def forward(ids):  # the plain path (a pair too short to split after its prefix)
+        count["tokens"] += ids.numel()
         return torch.zeros(ids.shape[0], ids.shape[1], hidden)
 
     def target_sums(h, rows, cols, labels, seg, n, greedy=False):
@@ -73,7 +82,9 @@ def _stub_lm(scorer) -> None:
 
     scorer.backbone.prefix_kv = prefix_kv
     scorer.backbone.forward_after = forward_after
+    scorer.backbone.forward = forward
     scorer._target_sums = target_sums
+    return count
 
 
 def measure(a) -> list[dict]:
@@ -82,12 +93,12 @@ def measure(a) -> list[dict]:
     from epr.lm.models import load_lm
     from epr.lm.score_cache import ScoreCache
     from epr.lm.scoring import LMScorer
-    from epr.stages.scores import nested_blocks, score_chunk
+    from epr.stages.scores import nested_blocks, score_chunk, scored_pairs
 
     task, pool, ranks = _label_set(a.data_dir, a.labels, a.queries, a.L)
     model, tok = load_lm("smollm2", dtype="fp32")
     scorer = LMScorer(model, tok, batch_tokens=a.batch_tokens, prefix_share=True)
-    _stub_lm(scorer)
+    count = _stub_lm(scorer)
     out = []
     for threads in ("false", "true"):
         os.environ["TOKENIZERS_PARALLELISM"] = threads
@@ -101,12 +112,17 @@ def measure(a) -> list[dict]:
                 parts = ChunkStore(Path(tmp) / "parts", {"benchmark": cs}, claim=True)
                 score_chunk(scorer, task, pool, chunks[0][:2], None)  # warm-up
                 timing: dict[str, float] = {}
+                count["tokens"] = 0
                 t0, n = time.perf_counter(), 0
                 for c, ch in enumerate(chunks):
                     rows, _ = score_chunk(scorer, task, pool, ch, cache, name=f"b{c}", timing=timing)
                     parts.put(c, rows, [r.to_json() for r in ch])
                     n += sum(len(r.ids) for r in ch)
                 secs = time.perf_counter() - t0
+            # the tokens of every pair, unshared and unpadded: what the LM computes per sequence without sharing
+            seq_tokens = sum(
+                len(c) + len(t) for ch in chunks for c, t in scorer.encode(*scored_pairs(task, pool, ch)[1:3])
+            )
             out.append(
                 {
                     "chunk_size": cs,
@@ -115,6 +131,8 @@ def measure(a) -> list[dict]:
                     "seconds": round(secs, 3),
                     "sequences_per_s": round(n / secs, 1),
                     "seconds_by_part": {k: round(v, 3) for k, v in timing.items()},
+                    "lm_tokens": count["tokens"],
+                    "sequence_tokens": seq_tokens,
                 }
             )
             print(json.dumps(out[-1]), file=sys.stderr, flush=True)
@@ -199,8 +217,8 @@ def main() -> None:
         "baseline": base,
         "wall_s": round(time.time() - t0, 1),
     }
-    head = "| chunk_size | tokenizer | sequences | ours: seq/s | ours: prepare / lm / store s |"
-    rule = "|---|---|---|---|---|"
+    head = "| chunk_size | tokenizer | sequences | LM tokens / sequence tokens | ours: seq/s | ours: prepare / lm / store s |"
+    rule = "|---|---|---|---|---|---|"
     if base:
         head += f" {a.baseline}: seq/s | ours / {a.baseline} |"
         rule += "---|---|"
@@ -209,6 +227,7 @@ def main() -> None:
         p = r["seconds_by_part"]
         line = (
             f"| {r['chunk_size']} | {r['tokenizer_threads']} | {r['sequences']:,} | "
+            f"{r['lm_tokens'] / r['sequence_tokens']:.3f} | "
             f"{r['sequences_per_s']:,.0f} | {p.get('prepare', 0):.2f} / {p.get('lm', 0):.2f} / {p.get('store', 0):.2f} |"
         )
         if base:
@@ -226,6 +245,9 @@ Wall time {raw["wall_s"]:.0f} s.
 
 {chr(10).join(lines)}
 
+LM tokens / sequence tokens: the padded token positions the LM computes (each distinct demonstration once per
+batch of prefixes, then every suffix), over the tokens of all pairs unshared and unpadded: the work a FLOP-bound
+device (a CPU) does per sequence, against plain scoring without padding (1.0).
 `lm` is the scorer's host work around the stand-ins (grouping by demonstration, tokenising the demonstrations,
 building index tensors); `prepare` the prompts, cache lookups and tokenising of the pairs; `store` the score cache.
 A device that scores R sequences per second of LM work can go no faster than 1 / (1 / R + 1 / host rate) while the

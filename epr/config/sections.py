@@ -173,7 +173,12 @@ class ScoringConfig:
         "padded tokens per forward pass (null: 2048 on a CPU, 16384 on a GPU: epr.lm.identity.DEVICE_SIZES)",
         ge=16,
     )
-    chunk_size: int = opt(32, "training examples per resumable chunk", ge=1)
+    chunk_size: int = opt(
+        128,
+        "training examples per resumable chunk; with prefix_share, a larger chunk shares more demonstrations "
+        "(fewer LM tokens) and loses more work when killed",
+        ge=1,
+    )
     forward: str = opt(
         "fast", "fast: epr.lm.fastlm (Llama-family); hf: the transformers forward", ("fast", "hf")
     )
