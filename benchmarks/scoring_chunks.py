@@ -26,11 +26,11 @@ def main() -> None:
     import torch
 
     from benchmarks.common import describe, machine, matmul_tflops, save
-    from benchmarks.scoring_host import _label_set
+    from benchmarks.scoring_host import _label_set, chunk_order
     from epr.lm.identity import default_device, resolve_dtype
     from epr.lm.models import load_lm
     from epr.lm.scoring import LMScorer
-    from epr.stages.scores import nested_blocks, score_chunk
+    from epr.stages.scores import score_chunk
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--labels", type=int, default=8000)
@@ -47,10 +47,7 @@ def main() -> None:
     sizes = [int(x) for x in a.chunks.split(",")]
 
     task, pool, ranks = _label_set(a.data_dir, a.labels, a.labels, 16)
-    order = []
-    for lo, hi in nested_blocks(len(ranks)):
-        order += sorted(ranks[lo:hi], key=lambda r: (pool[r.qid].output, r.qid))
-    sel = order[a.at : a.at + a.queries]
+    sel = chunk_order(pool, ranks)[a.at : a.at + a.queries]
     dtype = resolve_dtype("auto", default_device())
     model, tok = load_lm("smollm2", dtype=dtype)
     scorer = LMScorer(model, tok, batch_tokens=a.batch_tokens, prefix_share=True)
@@ -106,12 +103,9 @@ def main() -> None:
         "rows": res,
     }
     lines = [
-        "| chunk_size | seconds | sequences/s | LM tokens | time vs "
-        + str(base)
-        + " | tokens vs "
-        + str(base)
+        f"| chunk_size | seconds | sequences/s | LM tokens | time vs {base} | tokens vs {base} "
+        f"| largest score difference from {base} (nats) |"
     ]
-    lines[0] += f" | largest score difference from {base} (nats) |"
     lines.append("|---|---|---|---|---|---|---|")
     r0 = res[0]
     for r in res:

@@ -49,6 +49,17 @@ def _label_set(data_dir: str, labels: int, queries: int, L: int):
     return task, pool, mine(pool, qids, L, "output", "bm25s", progress=False)
 
 
+def chunk_order(pool, ranks) -> list:
+    """The scores stage's query order with prefix sharing (``epr.stages.scores.chunk_rankings``, written out so a
+    baseline revision's ``epr`` is ordered alike): by output within nested blocks."""
+    from epr.stages.scores import nested_blocks
+
+    out = []
+    for lo, hi in nested_blocks(len(ranks)):
+        out += sorted(ranks[lo:hi], key=lambda r: (pool[r.qid].output, r.qid))
+    return out
+
+
 def _stub_lm(scorer) -> dict:
     """Replace the LM's arithmetic with zeros of the right shapes; the host's work around it stays. The head's
     stand-in does the same indexing either revision's ``_target_sums`` does (flat tensors, or lists of them).
@@ -74,7 +85,10 @@ def _stub_lm(scorer) -> dict:
         count["tokens"] += ids.numel()
         return torch.zeros(ids.shape[0], ids.shape[1], hidden)
 
-    def target_sums(h, rows, cols, labels, seg, n, greedy=False):
+    def target_sums(h, rows, cols, labels, *rest):
+        n = (
+            rest[1] if isinstance(rest[0], list) else rest[0]
+        )  # (seg, n[, greedy]) at 0748136, else (n[, greedy])
         if isinstance(rows, list):
             rows, cols, labels = torch.cat(rows), torch.cat(cols), torch.cat(labels)
         h[rows, cols]
@@ -93,20 +107,20 @@ def measure(a) -> list[dict]:
     from epr.lm.models import load_lm
     from epr.lm.score_cache import ScoreCache
     from epr.lm.scoring import LMScorer
-    from epr.stages.scores import nested_blocks, score_chunk, scored_pairs
+    from epr.stages.scores import score_chunk, scored_pairs
 
     task, pool, ranks = _label_set(a.data_dir, a.labels, a.queries, a.L)
     model, tok = load_lm("smollm2", dtype="fp32")
     scorer = LMScorer(model, tok, batch_tokens=a.batch_tokens, prefix_share=True)
     count = _stub_lm(scorer)
+    order = chunk_order(pool, ranks)
+    # the tokens of every pair, unshared and unpadded: what the LM computes per sequence without sharing
+    seq_tokens = sum(len(c) + len(t) for c, t in scorer.encode(*scored_pairs(task, pool, order)[1:3]))
     out = []
     for threads in ("false", "true"):
         os.environ["TOKENIZERS_PARALLELISM"] = threads
         for cs in a.chunks:
-            chunks = []  # the stage's order: by output within nested blocks (epr.stages.scores.chunk_rankings)
-            for lo, hi in nested_blocks(len(ranks)):
-                block = sorted(ranks[lo:hi], key=lambda r: (pool[r.qid].output, r.qid))
-                chunks += [block[i : i + cs] for i in range(0, len(block), cs)]
+            chunks = [order[i : i + cs] for i in range(0, len(order), cs)]
             with tempfile.TemporaryDirectory() as tmp:
                 cache = ScoreCache(Path(tmp) / "cache", {"benchmark": cs})
                 parts = ChunkStore(Path(tmp) / "parts", {"benchmark": cs}, claim=True)
@@ -119,10 +133,6 @@ def measure(a) -> list[dict]:
                     parts.put(c, rows, [r.to_json() for r in ch])
                     n += sum(len(r.ids) for r in ch)
                 secs = time.perf_counter() - t0
-            # the tokens of every pair, unshared and unpadded: what the LM computes per sequence without sharing
-            seq_tokens = sum(
-                len(c) + len(t) for ch in chunks for c, t in scorer.encode(*scored_pairs(task, pool, ch)[1:3])
-            )
             out.append(
                 {
                     "chunk_size": cs,

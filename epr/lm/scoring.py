@@ -269,17 +269,17 @@ class LMScorer(TokenScorer):
 
     @torch.inference_mode()
     def _target_sums(
-        self, hidden, rows, cols, labels, seg, n: int, greedy: bool = False
+        self, hidden, rows, cols, labels, n: int, greedy: bool = False
     ) -> tuple[np.ndarray, np.ndarray | None]:
         """Summed log-probs of the target tokens: the LM head only at the positions ``(rows, cols)`` of ``hidden``
-        that predict them, summed per sequence ``seg``; with ``greedy``, also whether each sequence's target tokens
-        are all the first index of the largest logit (the greedy decoder's choice, in the head's own dtype). ``rows``,
-        ``cols``, ``labels``, ``seg``: flat tensors of :func:`_target_index`."""
+        that predict them, summed per row; with ``greedy``, also whether each row's target tokens are all the first
+        index of the largest logit (the greedy decoder's choice, in the head's own dtype). ``rows``, ``cols``,
+        ``labels``: flat tensors of :func:`_target_index`."""
         dev = self.device
-        h = hidden[rows.to(dev), cols.to(dev)]  # (n_target_tokens, H)
+        seg = rows.to(dev)
+        h = hidden[seg, cols.to(dev)]  # (n_target_tokens, H)
         raw = self.model.get_output_embeddings()(h)
         lab = labels.to(dev)
-        seg = seg.to(dev)
         lp = torch.log_softmax(raw.float(), dim=-1).gather(1, lab[:, None])[:, 0]
         sums = torch.zeros(n, dtype=torch.float64, device=dev)
         sums.index_add_(0, seg, lp.double())
@@ -327,15 +327,13 @@ def _padded(seqs: Sequence[Sequence[int]], width: int, pad: int) -> torch.Tensor
 
 def _target_index(spans: Sequence[tuple[int, Sequence[int]]]):
     """For row ``b`` with ``(p0, target)``: the hidden states at ``(b, p0 + k)`` predict ``target[k]``. Returns flat
-    ``(rows, cols, labels, seg)`` long tensors for :meth:`LMScorer._target_sums` (``seg`` = ``rows``: the sum each
-    target token adds to)."""
+    ``(rows, cols, labels)`` long tensors for :meth:`LMScorer._target_sums`."""
     rows, cols, labels = [], [], []
     for b, (p0, t) in enumerate(spans):
         rows += [b] * len(t)
         cols += range(p0, p0 + len(t))
         labels += t
-    r = torch.tensor(rows, dtype=torch.long)
-    return r, torch.tensor(cols, dtype=torch.long), torch.tensor(labels, dtype=torch.long), r
+    return tuple(torch.tensor(x, dtype=torch.long) for x in (rows, cols, labels))
 
 
 def _prefix_batches(groups: list[tuple[int, ...]], batch_tokens: int) -> list[list[int]]:
