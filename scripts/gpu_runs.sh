@@ -8,12 +8,23 @@
 #     RUNS="-c configs/mtop.yaml --set candidates.num_queries=8000 --set name=mtop-8000-gpu" \
 #         LIMIT=540 bash scripts/gpu_runs.sh
 #
+# A lease ends with its machine, and the next one starts bare: each packing call also exports every LM score under $R
+# to $OUT/scores.json.gz (`epr cache export`), and IMPORT="<carried file> ..." imports such files before the runs
+# start, so a run that did not finish inside one lease scores nothing twice in the next (its other stages rerun).
+#
 # The runs see --set run_root=$R and --set data.data_dir=<the payload's data>; their logs are $R/<k>.log, k counting
 # runs from 0 in the order RUNS gives them. Lanes: `|` splits RUNS into chains that run side by side (one process
 # each on the one GPU: the 8,000-label arm left it mostly idle), each chain in order; a run that fails ends its own
-# chain only (its k is appended to $R/failed). Two lanes that score the same labels at once both score them.
+# chain only (its k is appended to $R/failed). Two lanes that score the same labels at once both score them
+# (`after:` below keeps them apart).
 #
 #     RUNS="<run a>;<run b>|<run c>" ...      # a then b, beside c
+#
+# `after:PATH` in a chain is a barrier, not a run: the lane waits until $R/PATH exists (another lane's finished
+# stage), or until any lane has ended, then goes on. Seeds that share round 1's labels score them once this way: the
+# score cache under $R serves them to the lanes that waited (the same values, not a second bf16 computation):
+#
+#     RUNS="<s42>|after:<s42's name>/rounds/round-1/scores/manifest.json;<s1>|after:<the same>;<s2>" ...
 set -u
 PY=${PY:-python3}; S=${S:-/tmp/s}; T=${T:-/tmp}; R=${R:-/tmp/runs}; LIMIT=${LIMIT:-540}
 mkdir -p "$S" "$R"
@@ -34,12 +45,22 @@ export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:Tr
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv 2>/dev/null
 IFS='|' read -ra lanes <<< "${RUNS:?RUNS: epr run arguments, one run per semicolon, lanes split by |}"
 if [ ! -f "$R/started" ]; then
+  for f in ${IMPORT:-}; do  # scores an earlier lease computed (its $OUT/scores.json.gz, carried): not scored again
+    $PY -m epr.cli cache import "$f" --set run_root="$R" || { echo "gpu_runs: cannot import $f"; exit 5; }
+  done
   date -u +%FT%TZ > "$R/started"
   k=0
   for l in "${!lanes[@]}"; do
     IFS=';' read -ra runs <<< "${lanes[$l]}"
     script=""
     for r in "${runs[@]}"; do
+      b="${r#"${r%%[![:space:]]*}"}"  # without leading blanks
+      if [[ $b == after:* ]]; then  # a barrier, not a run: wait for a file under $R, or for any lane's end
+        p="$R/${b#after:}"; p="${p%"${p##*[![:space:]]}"}"
+        script+="echo 'waiting for $p'; until [ -e '$p' ] || compgen -G '$R/lane*.end' > /dev/null; do sleep ${POLL:-5}; done; "
+        script+="[ -e '$p' ] && echo \"\$(date -u +%FT%TZ) found $p\" || echo 'a lane ended first: going on without $p'; "
+        continue
+      fi
       script+="$PY -m epr.cli run $r --set run_root=$R --set data.data_dir=$T/payload/data > $R/$k.log 2>&1"
       script+=" || { echo $k >> $R/failed; touch $R/lane$l.end; exit 1; }; date -u +%FT%TZ > $R/$k.done; "
       k=$((k + 1))
@@ -56,5 +77,9 @@ if [ -n "${OUT:-}" ]; then
   tar czf "$OUT/runs.tgz" --exclude='*.safetensors' --exclude='*.npy' --exclude='*.bin' --exclude='*.faiss' \
     --exclude='*/parts/*' --exclude=pool.jsonl --exclude=tokenizer.json --exclude=vocab.txt --exclude=.cache \
     -C "$(dirname "$R")" "$(basename "$R")"
+  if [ -d "$R/.cache/scores" ]; then  # every LM score so far, for a later lease's IMPORT (a lease ends the machine)
+    $PY -m epr.cli cache export "$OUT/scores.json.gz" --set run_root="$R" > "$R/export.log" 2>&1 \
+      && tail -1 "$R/export.log" || echo "gpu_runs: the score export failed ($R/export.log)"
+  fi
   ls -la "$OUT"
 fi

@@ -90,3 +90,73 @@ def test_the_payload_folder_is_ignored_by_git():
     lines = (ROOT / ".gitignore").read_text().splitlines()
     assert ".gpu/" in lines
     assert ".gpu/" in (ROOT / "scripts" / "gpu_payload.sh").read_text()
+
+
+def test_after_waits_for_another_lanes_file_and_never_for_ever(tmp_path):
+    """``after:PATH`` holds its lane until ``$R/PATH`` exists (here run 0's done mark: seeds wait for seed 42's round-1
+    scores this way), counts as no run, and lets go when a lane ends without the file ever appearing."""
+    import json
+
+    (tmp_path / "stub.py").write_text(STUB)
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "site.ok").touch()
+    out = _call(
+        tmp_path,
+        "--name a --sleep 1.5;--name b --sleep 0.5| after:0.done ;--name c --sleep 0.1|after:never;--name d --sleep 0.1",
+    )
+    assert out.returncode == 0, out.stderr
+    events = [json.loads(x) for x in (tmp_path / "stub.py.jsonl").read_text().splitlines()]
+    start = {e["name"]: e["at"] for e in events if "at" in e}
+    end = {e["name"]: e["end"] for e in events if "end" in e}
+    assert end["a"] <= start["c"] < end["b"]  # c waited for a's done mark, not for a's whole lane
+    assert start["d"] >= end["c"]  # d's file never came: it went on once a lane (c's) had ended
+    R = tmp_path / "runs"
+    assert sorted(p.name for p in R.glob("*.done")) == [
+        "0.done",
+        "1.done",
+        "2.done",
+        "3.done",
+    ]  # barriers are not runs
+    assert "found" in (R / "driver1.log").read_text()
+    assert "going on without" in (R / "driver2.log").read_text()
+
+
+CACHE_STUB = """
+import json, sys
+args = sys.argv[3:]
+with open(sys.argv[0] + ".jsonl", "a") as f:
+    f.write(json.dumps(args) + "\\n")
+sys.exit(7 if "bad.json.gz" in args else 0)
+"""
+
+
+def test_scores_move_between_leases_import_before_the_runs_and_export_at_packing(tmp_path):
+    """A lease ends with its machine: IMPORT's files go into the run root's score cache before any run starts, and
+    each packing call exports every score to ``$OUT/scores.json.gz``; an import that fails starts nothing."""
+    import json
+
+    (tmp_path / "stub.py").write_text(CACHE_STUB)
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "site.ok").touch()
+    R, out = tmp_path / "runs", tmp_path / "out"
+    (R / ".cache" / "scores").mkdir(parents=True)
+    out.mkdir()
+    env = {**os.environ, "PY": f"{sys.executable} {tmp_path / 'stub.py'}", "S": str(tmp_path / "s"),
+           "T": str(tmp_path / "t"), "R": str(R), "LIMIT": "30", "POLL": "0.2", "RUNS": "--name a",
+           "IMPORT": "one.json.gz two.json.gz", "OUT": str(out)}  # fmt: skip
+    res = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_runs.sh")], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    calls = [json.loads(x) for x in (tmp_path / "stub.py.jsonl").read_text().splitlines()]
+    assert [c[:3] for c in calls] == [["cache", "import", "one.json.gz"], ["cache", "import", "two.json.gz"],
+                                      ["run", "--name", "a"], ["cache", "export", f"{out}/scores.json.gz"]]  # fmt: skip
+    assert all(f"run_root={R}" in c for c in calls)
+    assert (out / "runs.tgz").exists()
+
+    (tmp_path / "stub.py.jsonl").unlink()
+    env |= {"R": str(tmp_path / "runs2"), "IMPORT": "bad.json.gz"}
+    res = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_runs.sh")], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert res.returncode == 5 and "cannot import bad.json.gz" in res.stdout
+    calls = [json.loads(x) for x in (tmp_path / "stub.py.jsonl").read_text().splitlines()]
+    assert [c[:2] for c in calls] == [["cache", "import"]]  # nothing ran
