@@ -49,7 +49,7 @@ def served_section(meta: dict) -> str:
     for name, row in (sel.get("rows") or {}).items():
         mark = " (served)" if name == mode else " (selected)" if name == chosen else ""
         lines.append(f"| `{name}`{mark} | {_num(row.get('gold_logprob'), '.3f')} | "
-                     f"{_num(row.get('gain_vs_bm25'), '+.3f')} | {_num(row.get('p_vs_bm25'), '.3g')} |")  # fmt: skip
+                     f"{_num(row.get('gain'), '+.3f')} | {_num(row.get('p'), '.3g')} |")  # fmt: skip
     return "\n".join([*lines, "", _END, ""])
 
 
