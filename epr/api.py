@@ -137,6 +137,9 @@ def _selected(run: Path, mode: str | None, enc_fp: str) -> tuple[str, str, dict 
     if report is not None and man.get("upstream", {}).get("encoder") not in (None, enc_fp):
         log.warning("%s: the select stage compared an earlier encoder of this run; rerun it to compare the "
                     "current one (`epr run` with the run's -c/--set)", run)  # fmt: skip
+    if man is None and mode is None and (run / "select").is_dir():
+        log.warning("%s: its select stage did not finish (stopped mid-run), so its choice is unknown: serving 'epr' "
+                    "until it does (`epr run` with the run's -c/--set finishes it), or pass mode=", run)  # fmt: skip
     cand = (read_manifest(run / "candidates") or {}).get("config", {}).get("candidates", {})
     backend = (report or {}).get("backend") or cand.get("backend") or "bm25s"
     chose = report and f"the run's select stage chose {report['selected']!r}: {report.get('reason')}"

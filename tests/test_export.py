@@ -121,3 +121,28 @@ def test_export_into_an_empty_folder_is_fine(shipped, tmp_path):
     out.mkdir()
     assert export(shipped[0], out) == 0
     assert (out / "retriever.json").exists()
+
+
+def test_export_warns_when_the_run_is_not_what_these_settings_make(
+    shipped, tmp_path, caplog, minilm_dir, tiny_lm_dir
+):
+    """``epr export`` ships what the run holds; where that is stale under the -c/--set it was given (a setting
+    changed since the run), it says so, naming the stage, instead of shipping an older encoder without a word."""
+    import logging
+
+    from epr.cli import _not_fresh
+    from epr.context import Context
+
+    from .test_own_data import own_config
+
+    same = (
+        shipped[0].parent / "runs",
+        minilm_dir,
+        f"models.lm={tiny_lm_dir}",
+        "retrieve.retrievers=[epr+div+bias]",
+    )
+    assert _not_fresh(Context(own_config(*same)), ["encoder"]) == []  # the settings the run was made with
+    assert _not_fresh(Context(own_config(*same, "train.lr=3e-5")), ["encoder"]) == ["encoder stale"]
+    caplog.set_level(logging.WARNING)
+    assert export(shipped[0], tmp_path / "ret") == 0  # the demo config's settings, not the run's
+    assert "epr export:" in caplog.text and "encoder stale" in caplog.text

@@ -18,13 +18,18 @@ from epr.retrieval.index import search
 from epr.retrieval.retrievers import BM25Retriever, DenseRetriever, FusionRetriever, rrf_fuse
 from epr.types import Example, UpstreamError
 
+
 def _rows() -> dict:
     """What a real ``select`` writes (``choose``), not a copy of its keys: a card that reads other keys shows '–'."""
     from epr.stages.select import choose
 
     g = np.random.default_rng(0)
     base = g.normal(-12.2, 1.0, 300)
-    lp = {"bm25": base, "epr": base - 0.31 + g.normal(0, 0.5, 300), "hybrid": base + 0.27 + g.normal(0, 0.5, 300)}
+    lp = {
+        "bm25": base,
+        "epr": base - 0.31 + g.normal(0, 0.5, 300),
+        "hybrid": base + 0.27 + g.normal(0, 0.5, 300),
+    }
     return choose(lp, ["epr", "hybrid"], 0.05)["rows"]
 
 
@@ -152,8 +157,14 @@ def test_from_run_serves_what_the_select_stage_chose(run, caplog):
     assert PromptRetriever.from_run(run).mode == "epr"  # no select stage: the dense encoder, as before
     assert "serving the 'epr' retriever (the run has no finished select stage)" in caplog.text
 
+    assert "did not finish" not in caplog.text  # a run without select: nothing to warn of
     write_select(run, report("hybrid"), finished=False)  # a select folder without its manifest is unfinished
+    caplog.clear()
     assert PromptRetriever.from_run(run).mode == "epr"
+    warned = [
+        r for r in caplog.records if r.levelno == logging.WARNING
+    ]  # said where a plain Python user sees it
+    assert len(warned) == 1 and "its select stage did not finish" in warned[0].getMessage()
 
     write_select(run, report("hybrid"))
     caplog.clear()
@@ -253,3 +264,27 @@ def test_epr_export_ships_the_selection_or_the_mode_asked_for(run, tmp_path):
         "Served by choice: the run's `select` stage chose `hybrid`"
         in (out / "asked" / "README.md").read_text()
     )
+
+
+def test_status_says_when_the_served_choice_is_not_these_settings(run, minilm_dir):
+    """``epr status``'s served-retriever line marks a choice made under other settings (a stale select stage), and
+    one left by an earlier run when these settings run no select stage; a fresh choice carries no note."""
+    from epr.cli import _selection_line
+    from epr.context import Context
+    from epr.pipeline import stage_fingerprint
+
+    from .test_own_data import own_config
+
+    ctx = Context(own_config(run.parent, minilm_dir, "select.size=8"))
+    assert ctx.cfg.run_dir == run
+    write_select(run, report("hybrid"))  # finished, under a fingerprint these settings do not give
+    assert "served retriever: hybrid" in _selection_line(
+        ctx
+    ) and "; stale: chosen under other" in _selection_line(ctx)
+    man = read_manifest(run / "select")
+    write_manifest(run / "select", stage="select", fp=stage_fingerprint(ctx, "select"), config={}, rows={},
+                   extra={"upstream": man["upstream"]})  # fmt: skip
+    line = _selection_line(ctx)
+    assert line.startswith("served retriever: hybrid") and "stale" not in line and "earlier run" not in line
+    no_select = Context(own_config(run.parent, minilm_dir))  # select.size 0
+    assert "these settings run no select stage" in _selection_line(no_select)

@@ -147,10 +147,30 @@ def _selection_line(ctx) -> str:
     rep = read_selection(ctx.cfg.run_dir)
     if rep is None:
         return ""
+    from epr import pipeline
+
+    if "select" not in pipeline.upstream(ctx, pipeline.final_stage(ctx)):
+        note = "; from an earlier run of this folder: these settings run no select stage (select.size 0)"
+    else:
+        stale = _not_fresh(ctx, ["select"])
+        note = f"; stale: chosen under other settings than these ({stale[0]})" if stale else ""
     return (
         f"served retriever: {rep['selected']} ({rep['reason']}); report: "
-        f"{ctx.stage_dir('select') / 'report.json'}\n"
+        f"{ctx.stage_dir('select') / 'report.json'}{note}\n"
     )
+
+
+def _not_fresh(ctx, stages: list[str]) -> list[str]:
+    """``"<stage> <state>"`` for each of ``stages`` this config runs that is not fresh under it (its settings or
+    upstream changed since it ran, or it never finished)."""
+    from epr import pipeline
+
+    wanted = pipeline.upstream(ctx, pipeline.final_stage(ctx))
+    return [
+        f"{n} {s}"
+        for n, s in pipeline.status(ctx, None).items()
+        if n in stages and n in wanted and s != "fresh"
+    ]
 
 
 def _label_cost_line(ctx) -> str:
@@ -328,6 +348,14 @@ def _dispatch(ctx, args: argparse.Namespace) -> int:
     if args.cmd == "export":
         from epr.api import PromptRetriever
 
+        stale = _not_fresh(ctx, ["encoder", "select"])
+        if stale:  # the folder ships what the run holds, which these settings would not have made
+            logging.getLogger("epr.cli").warning(
+                "epr export: %s: %s under these settings (-c/--set changed since it ran, or it never finished): "
+                "the export ships the run as it is; `epr run` with these -c/--set first brings it up to date",
+                ctx.cfg.run_dir,
+                ", ".join(stale),
+            )
         r = PromptRetriever.from_run(ctx.cfg.run_dir, mode=args.mode)
         out = r.save_pretrained(args.out, run=ctx.cfg.run_dir, overwrite=args.overwrite)
         sys.stdout.write(f"wrote {out} (PromptRetriever.from_pretrained({str(out)!r}))\n")
