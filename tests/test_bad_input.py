@@ -216,6 +216,21 @@ def test_bad_data_path(case, make, expect, tmp_path, capsys):
     assert_clean_error(rc, err, expect)
 
 
+def test_dev_size_that_leaves_no_training_is_refused_before_labels(tmp_path, capsys):
+    """A ``train.dev_size`` of at least the labelled count is known to fail once the labels exist: it is refused
+    at the candidates stage, before anything is scored, naming the setting and a value that works."""
+    p = tmp_path / "d.jsonl"
+    p.write_text(jsonl(GOOD))
+    sets = own_sets(tmp_path, p, "candidates.num_queries=8", "train.dev_size=8")
+    rc, err = cli(capsys, "run", "--until", "labels", *sets)
+    assert_clean_error(rc, err, "train.dev_size=8 would leave no training instances", "labels 8 pool examples",
+                       "--set train.dev_size=1")  # fmt: skip
+    assert not (tmp_path / "runs" / "bad" / "scores").exists()
+    rc, err = cli(capsys, "run", "--until", "candidates", *own_sets(tmp_path, p, "candidates.num_queries=8",
+                                                                     "train.dev_size=7"))  # fmt: skip
+    assert rc == 0, err
+
+
 @pytest.mark.skipif(os.geteuid() == 0, reason="root reads any file")
 def test_unreadable_data_file(tmp_path, capsys):
     p = tmp_path / "d.jsonl"

@@ -28,7 +28,7 @@ from epr.artifacts import write_jsonl
 from epr.cache import read_manifest
 from epr.context import Context
 from epr.retrieval.bm25 import BM25Index
-from epr.types import Example, Ranking
+from epr.types import ConfigError, Example, Ranking
 
 log = logging.getLogger(__name__)
 
@@ -188,10 +188,24 @@ def labelled_ids(cfg, n_pool: int) -> np.ndarray:
     return qids
 
 
+def check_dev_size(dev_size: int, n_labelled: int, num_queries: int | None, n_pool: int) -> None:
+    """Refuse a ``train.dev_size`` that leaves no instance to train on, here, before any LM scores a label (the
+    encoder stage would refuse it only after the scoring)."""
+    if dev_size < n_labelled:
+        return
+    less = " less the select slice" if n_labelled < min(n_pool, num_queries or n_pool) else ""
+    raise ConfigError(
+        f"train.dev_size={dev_size} would leave no training instances: the run labels {n_labelled} pool examples "
+        f"(candidates.num_queries={num_queries}, a pool of {n_pool}{less}); set train.dev_size below {n_labelled} "
+        f"(e.g. --set train.dev_size={max(1, n_labelled // 10)}), or 0 for no dev metrics"
+    )
+
+
 def run_candidates(ctx: Context, out, fp: str) -> dict:
     c = ctx.cfg.candidates
     pool = ctx.examples("pool")
     qids = labelled_ids(ctx.cfg, len(pool))
+    check_dev_size(ctx.cfg.train.dev_size, len(qids), c.num_queries, len(pool))
     miner, by = round_miner(ctx)
     if miner == "retriever":
         rankings, rnd = mine_with_retriever(ctx, qids)
