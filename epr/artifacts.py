@@ -195,7 +195,7 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 
 def read_jsonl_lines(
-    path: str | Path, required: Iterable[str] = (), numbers_as_written: bool = False
+    path: str | Path, required: Iterable[str] = (), numbers_as_written: bool = False, hint: str = ""
 ) -> Iterator[tuple[str, dict[str, Any]]]:
     """:func:`read_jsonl` with where each object is, for messages: ``'<path>:<line>'`` (1-based), or
     ``'<path>: array element <i>'`` in a JSON array file.
@@ -223,7 +223,7 @@ def read_jsonl_lines(
             raise InputError(f"{where}: expected a JSON object (one per line), got {type(row).__name__}")
         missing = [k for k in required if k not in row]
         if missing:
-            raise InputError(f"{where}: missing field(s) {missing}; present: {sorted(row)}")
+            raise InputError(f"{where}: missing field(s) {missing}; present: {sorted(row)}{hint}")
         return row
 
     with open_text(path) as f:

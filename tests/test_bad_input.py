@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from epr.cli import main
+from epr.types import ConfigError
 
 GOOD = [{"input": f"how do I {v} my {o}", "output": f"{v.upper()}({o})"} for v in "abcd" for o in "wxyz"]
 
@@ -75,7 +76,13 @@ DATA_CASES = {
         "d.jsonl:8: an object names the key(s) ['input'] more than once",
     ),
     "json-array-repeated-key": ("d.json", '[{"input": "a", "output": "b", "output": "c"}]', (), "d.json"),
-    "csv-missing-column": ("d.csv", "question,answer\na,b\n", (), "missing column(s) ['input', 'output']"),
+    "csv-missing-column": (
+        "d.csv",
+        "question,answer\na,b\n",
+        (),
+        "missing column(s) ['input', 'output']; columns are ['question', 'answer']; name your columns with "
+        "data.input_field / data.output_field (now 'input' / 'output')",
+    ),
     "jsonl-empty-file": ("d.jsonl", "", (), "d.jsonl: no rows"),
     "jsonl-blank-lines-only": ("d.jsonl", "\n\n  \n", (), "d.jsonl: no rows"),
     "jsonl-malformed": (
@@ -85,7 +92,12 @@ DATA_CASES = {
         "d.jsonl:2:",
     ),
     "jsonl-list-line": ("d.jsonl", jsonl([*GOOD[:2], "[1, 2]"]), (), "d.jsonl:3: expected a JSON object"),
-    "jsonl-missing-field": ("d.jsonl", jsonl([*GOOD[:3], {"input": "x"}]), (), "d.jsonl:4: missing field"),
+    "jsonl-missing-field": (
+        "d.jsonl",
+        jsonl([*GOOD[:3], {"input": "x"}]),
+        (),
+        "d.jsonl:4: missing field(s) ['output']; present: ['input']; name your columns with data.input_field",
+    ),
     "output-object": (
         "d.jsonl",
         jsonl([*GOOD[:4], {"input": "x", "output": {"a": 1}}, *GOOD[4:]]),
@@ -216,19 +228,39 @@ def test_bad_data_path(case, make, expect, tmp_path, capsys):
     assert_clean_error(rc, err, expect)
 
 
+def test_a_relative_data_path_that_is_not_there_says_where_it_was_looked_for(tmp_path, capsys, monkeypatch):
+    """``data.path`` is read from the current folder (``inherit:`` from the config's): the message names the
+    setting and the absolute path it looked for."""
+    monkeypatch.chdir(tmp_path)
+    rc, err = cli(capsys, "run", "--until", "examples", *own_sets(tmp_path, "my_rows.csv"))
+    assert_clean_error(rc, err, f"data.path my_rows.csv: no such file (looked for {tmp_path / 'my_rows.csv'}: a "
+                                "relative path is read from the current folder")  # fmt: skip
+
+
 def test_dev_size_that_leaves_no_training_is_refused_before_labels(tmp_path, capsys):
-    """A ``train.dev_size`` of at least the labelled count is known to fail once the labels exist: it is refused
-    at the candidates stage, before anything is scored, naming the setting and a value that works."""
+    """A ``train.dev_size`` of at least the labelled count is known to fail once the labels exist: a run that goes
+    on to train refuses it before the LM scores a label, naming the setting and a value that works; a run that stops
+    before training (``--until scores``) is not refused for a setting it never reads."""
     p = tmp_path / "d.jsonl"
     p.write_text(jsonl(GOOD))
-    sets = own_sets(tmp_path, p, "candidates.num_queries=8", "train.dev_size=8")
-    rc, err = cli(capsys, "run", "--until", "labels", *sets)
+    sets = own_sets(tmp_path, p, "candidates.num_queries=8", "train.dev_size=8", "labels.source=lm")
+    rc, err = cli(capsys, "run", "--until", "encoder", *sets)
     assert_clean_error(rc, err, "train.dev_size=8 would leave no training instances", "labels 8 pool examples",
                        "--set train.dev_size=1")  # fmt: skip
     assert not (tmp_path / "runs" / "bad" / "scores").exists()
-    rc, err = cli(capsys, "run", "--until", "candidates", *own_sets(tmp_path, p, "candidates.num_queries=8",
-                                                                     "train.dev_size=7"))  # fmt: skip
+    rc, err = cli(capsys, "run", "--until", "candidates", *sets)
     assert rc == 0, err
+    from epr.config import load_config
+    from epr.context import Context
+    from epr.stages.candidates import check_dev_size
+
+    for dev, refused in ((7, False), (8, True)):  # the boundary: one instance left to train on is enough
+        ctx = Context(load_config([], [*sets[1::2][:-2], f"train.dev_size={dev}"]))
+        if refused:
+            with pytest.raises(ConfigError, match="train.dev_size=8"):
+                check_dev_size(ctx)
+        else:
+            check_dev_size(ctx)
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root reads any file")

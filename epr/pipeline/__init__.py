@@ -278,6 +278,14 @@ def run(ctx: Context, until: str = "labels", force: tuple[str, ...] = ()) -> lis
         )
     ran = []
     for name in order:
+        if (
+            name == "scores"
+            and "encoder" in order
+            and stage_state(ctx.stage_dir(name), stage_fingerprint(ctx, name)) != "fresh"
+        ):
+            candidates.check_dev_size(
+                ctx
+            )  # a setting only training reads, known to fail: said before the LM work, not after
         if run_stage(ctx, name, force=name in force):
             ran.append(name)
     return ran

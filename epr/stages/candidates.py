@@ -188,9 +188,12 @@ def labelled_ids(cfg, n_pool: int) -> np.ndarray:
     return qids
 
 
-def check_dev_size(dev_size: int, n_labelled: int, num_queries: int | None, n_pool: int) -> None:
-    """Refuse a ``train.dev_size`` that leaves no instance to train on, here, before any LM scores a label (the
-    encoder stage would refuse it only after the scoring)."""
+def check_dev_size(ctx: Context) -> None:
+    """Refuse a ``train.dev_size`` that leaves no instance to train on. ``epr.pipeline.run`` asks before the LM
+    scores a label for a run that goes on to train (the encoder stage would refuse it only after the scoring)."""
+    dev_size, num_queries = ctx.cfg.train.dev_size, ctx.cfg.candidates.num_queries
+    n_pool = len(ctx.examples("pool"))
+    n_labelled = len(labelled_ids(ctx.cfg, n_pool))
     if dev_size < n_labelled:
         return
     less = " less the select slice" if n_labelled < min(n_pool, num_queries or n_pool) else ""
@@ -205,7 +208,6 @@ def run_candidates(ctx: Context, out, fp: str) -> dict:
     c = ctx.cfg.candidates
     pool = ctx.examples("pool")
     qids = labelled_ids(ctx.cfg, len(pool))
-    check_dev_size(ctx.cfg.train.dev_size, len(qids), c.num_queries, len(pool))
     miner, by = round_miner(ctx)
     if miner == "retriever":
         rankings, rnd = mine_with_retriever(ctx, qids)

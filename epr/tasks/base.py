@@ -258,9 +258,11 @@ class Task:
         input_field: str = "input",
         output_field: str = "output",
         meta_fields: Sequence[str] = (),
+        hint: str = "",
     ) -> list[RawRow]:
+        """The file's rows; ``hint`` ends the message of a missing column or field (where the names come from)."""
         out = []
-        for row, where in read_table(path, input_field, output_field):
+        for row, where in read_table(path, input_field, output_field, hint):
             meta = {k: row[k] for k in ("id", *meta_fields) if k in row}
             out.append(RawRow(row[input_field], row[output_field], meta, where))
         return out

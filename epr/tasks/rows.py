@@ -14,7 +14,9 @@ from epr.types import InputError
 __all__ = ["read_table", "field_text", "text_fields"]
 
 
-def read_table(path: str | Path, input_field: str, output_field: str) -> Iterable[tuple[dict[str, Any], str]]:
+def read_table(
+    path: str | Path, input_field: str, output_field: str, hint: str = ""
+) -> Iterable[tuple[dict[str, Any], str]]:
     """Rows of a JSONL (or JSON array) or CSV/TSV file (UTF-8, a leading byte-order mark allowed; ``.gz`` too) as
     (dict, 'file:line'), the input and output fields as text (:func:`field_text`).
 
@@ -46,7 +48,7 @@ def read_table(path: str | Path, input_field: str, output_field: str) -> Iterabl
                 missing = [c for c in (input_field, output_field) if c not in cols]
                 if missing:
                     raise InputError(
-                        f"{path}: missing column(s) {missing}; columns are {cols}{nul_hint(''.join(cols))}"
+                        f"{path}: missing column(s) {missing}; columns are {cols}{nul_hint(''.join(cols))}{hint}"
                     )
                 repeated = sorted({c for c in cols if cols.count(c) > 1})
                 if repeated:
@@ -91,7 +93,9 @@ def read_table(path: str | Path, input_field: str, output_field: str) -> Iterabl
                     f"{path}:{start}: not valid {'TSV' if tsv else 'CSV'} in the record starting here ({e}); {why}"
                 ) from None
     else:
-        rows = read_jsonl_lines(path, required=(input_field, output_field), numbers_as_written=True)
+        rows = read_jsonl_lines(
+            path, required=(input_field, output_field), numbers_as_written=True, hint=hint
+        )
         for where, row in rows:
             yield text_fields(row, (input_field, output_field), where), where
             n += 1

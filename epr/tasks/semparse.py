@@ -173,9 +173,23 @@ class Generic(Task):
     def raw_splits(self):
         if not self.cfg.path:
             raise InputError("task jsonl: data.path is not set; set data.path=<your file.jsonl|.csv|.tsv>")
-        rows = self.rows_from_file(self.cfg.path, self.cfg.input_field, self.cfg.output_field)
-        if self.cfg.eval_path:
-            return rows, self.rows_from_file(self.cfg.eval_path, self.cfg.input_field, self.cfg.output_field)
+        c = self.cfg
+        for key, p in (("data.path", c.path), ("data.eval_path", c.eval_path)):
+            if p and not Path(p).exists():  # named with its setting, and where a relative path was looked for
+                where = (
+                    ""
+                    if Path(p).is_absolute()
+                    else f" (looked for {Path(p).resolve()}: a relative path is read from the current folder, "
+                    "not from the config file's)"
+                )
+                raise InputError(f"{key} {p}: no such file{where}")
+        hint = (
+            f"; name your columns with data.input_field / data.output_field (now {c.input_field!r} / "
+            f"{c.output_field!r}), e.g. --set data.input_field=question"
+        )
+        rows = self.rows_from_file(c.path, c.input_field, c.output_field, hint=hint)
+        if c.eval_path:
+            return rows, self.rows_from_file(c.eval_path, c.input_field, c.output_field, hint=hint)
         return split_pool_eval(rows, min(self.cfg.eval_size, len(rows) // 5), self.cfg.split_seed)
 
 
