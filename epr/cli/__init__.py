@@ -14,10 +14,13 @@ and exit code 2; ``--debug`` (anywhere on the line) or ``EPR_DEBUG=1`` shows the
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
 from pathlib import Path
+
+from epr.cli.ends import Terminated, debug_flag, explain, terminate_as_interrupt
 
 __all__ = ["main", "build_parser", "context_from_args", "explain"]
 
@@ -214,66 +217,37 @@ def run_demo(ctx) -> int:
     return 0
 
 
-def explain(e: BaseException) -> str | None:
-    """The one-paragraph message of an expected failure (what, where, what to do), or None for a bug (whose
-    stack the user should see and report)."""
-    import json
-    import zlib
-
-    import yaml
-
-    from epr.types import UserError
-
-    if isinstance(e, UserError):
-        return str(e)
-    if isinstance(e, json.JSONDecodeError):
-        return f"malformed JSON ({e.msg} at line {e.lineno}, column {e.colno}); fix or re-create the file"
-    if isinstance(e, yaml.YAMLError):
-        return f"not valid YAML: {' '.join(str(e).split())}"
-    if isinstance(e, OSError):
-        name = e.filename if e.filename is not None else ""
-        if isinstance(e, FileNotFoundError):
-            what = "no such file or folder; check the path (relative paths are from the current folder)"
-        elif isinstance(e, IsADirectoryError):
-            what = "a folder where a file was expected; name the file inside it"
-        elif isinstance(e, NotADirectoryError):
-            what = "a file where a folder was expected"
-        elif isinstance(e, PermissionError):
-            what = "permission denied; check the file's owner and mode (ls -l)"
-        else:
-            what = e.strerror or ""
-        text = " ".join(str(e).split()) if not (name and e.strerror) else f"{name}: {what}"
-        return text if not name or str(name) in text else f"{name}: {text}"
-    if isinstance(e, (EOFError, zlib.error)):
-        return f"a compressed file ends early or is corrupt ({e}); re-download or re-compress it"
-    if isinstance(e, ImportError):
-        return f"{e} (an optional dependency is missing: install the extra the message names)"
-    if isinstance(
-        e, ValueError
-    ):  # the package's own checks (config values, rows, arguments) say what and where
-        return " ".join(str(e).split())
-    return None
-
-
-def _debug(argv: list[str]) -> tuple[list[str], bool]:
-    env = os.environ.get("EPR_DEBUG", "").strip().lower() not in ("", "0", "false", "no")
-    return [a for a in argv if a != "--debug"], env or "--debug" in argv
-
-
 def main(argv: list[str] | None = None) -> int:
     """The ``epr`` command. Expected failures (:func:`explain`) print one paragraph and return 2."""
-    argv, debug = _debug(sys.argv[1:] if argv is None else list(argv))
+    argv, debug = debug_flag(sys.argv[1:] if argv is None else list(argv))
+    restore = terminate_as_interrupt()
     try:
-        return _main(argv)
+        rc = _main(argv)
+        sys.stdout.flush()  # here, so that a reader that stopped early (`epr status | head`) is caught below
+        return rc
+    except Terminated:
+        sys.stderr.write("epr: terminated (SIGTERM; finished chunks are kept: the same command resumes)\n")
+        return 143
     except KeyboardInterrupt:
         sys.stderr.write("epr: interrupted (finished chunks are kept: the same command resumes)\n")
         return 130
+    except BrokenPipeError:  # the reader of our output went away: nothing is wrong with the command
+        with contextlib.suppress(
+            OSError, ValueError
+        ):  # (a stdout with no file descriptor: nothing to redirect)
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
+        return 0
     except Exception as e:  # the error boundary: a message for what the user can fix, a stack for a bug
         msg = explain(e)
         if msg is None or debug:
             raise
         sys.stderr.write(f"epr: error: {msg}\n(run with --debug or EPR_DEBUG=1 to see where it was raised)\n")
         return 2
+    finally:
+        if restore is not None:  # in-process callers (tests, notebooks) get their own SIGTERM back
+            import signal
+
+            signal.signal(signal.SIGTERM, restore)
 
 
 def _main(argv: list[str]) -> int:
