@@ -222,3 +222,20 @@ def test_the_api_budget_default_k_is_retrieve_k():
     from epr.retrieval.prompt_budget import Budget
 
     assert Budget(1, 0, 1, "lm").k == RetrieveConfig().k
+
+
+def test_a_config_that_names_no_run_is_named_by_its_file(tmp_path):
+    """A config of one's own without ``name:`` writes to runs/<its file's name>, never into the demo's run folder;
+    an explicit name, a --set name and no config at all (the demo) keep theirs; overlays after the first do not
+    rename the run."""
+    from epr.config import load_config
+
+    mine = tmp_path / "mydata.yaml"
+    mine.write_text("inherit: " + str(ROOT / "configs" / "base.yaml") + "\ndata: {task: jsonl, path: rows.csv}\n")
+    assert load_config([mine]).name == "mydata"
+    assert load_config([mine, ROOT / "configs" / "paper.yaml"]).name == "mydata"
+    assert load_config([mine], ["name=other"]).name == "other"
+    named = tmp_path / "x.yaml"
+    named.write_text("name: kept\n")
+    assert load_config([named]).name == "kept"
+    assert load_config([]).name == "demo"

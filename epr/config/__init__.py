@@ -284,6 +284,10 @@ def load_config(paths: Sequence[str | Path] = (), overrides: Sequence[str] = ())
                 f"override --set {item!r}: the value {raw!r} is not valid YAML ({problem}); "
                 "quote it or close its brackets (e.g. retrieve.retrievers=[bm25,epr])"
             ) from None
+    if (
+        paths and "name" not in data
+    ):  # a config of one's own that names no run: its file's name, not the demo's
+        data["name"] = Path(paths[0]).stem
     cfg = config_from_dict(ExperimentConfig, data)
     _validate(cfg)
     return cfg

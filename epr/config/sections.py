@@ -357,7 +357,11 @@ class GenerateConfig:
 class ExperimentConfig:
     """One experiment: a run folder (``<run_root>/<name>``) and one section per stage."""
 
-    name: str = opt("demo", "the run's name: its outputs go to <run_root>/<name>", path="run-name")
+    name: str = opt(
+        "demo",
+        "the run's name: its outputs go to <run_root>/<name> (a -c config that sets none: its file's name)",
+        path="run-name",
+    )
     run_root: str = opt(
         "runs", "folder of the runs and of the caches they share (scores, quality bias)", path="path"
     )
