@@ -70,7 +70,12 @@ class Selection:
 
     def check(self, retriever: PromptRetriever) -> None:
         if self.lambda_b != 1.0 and retriever.quality is None:
-            raise ValueError("lambda_b < 1 needs the pool's quality bias; this retriever has none")
+            raise ValueError(
+                "lambda_b < 1 needs the pool's quality bias (RAGSys: the inference LM's perplexity of each "
+                "demonstration), and this retriever has none: the run computes it when a retriever ending in "
+                "+bias is among retrieve.retrievers (e.g. --set 'retrieve.retrievers=[epr,hybrid,epr+div+bias]'), "
+                "in its rerank stage; export again after that run"
+            )
 
     def ids(self, retriever: PromptRetriever, query: str) -> list[int]:
         """Pool ids, best first."""

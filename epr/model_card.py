@@ -73,8 +73,8 @@ def model_card(meta: dict, run: dict) -> str:
         "",
         f"# EPR prompt retriever: `{t.get('task')}`",
         "",
-        "A dual encoder trained with [epr](https://github.com/) (Rubin et al. 2022, *Learning To Retrieve Prompts for "
-        "In-Context Learning*) to pick the training examples to put in a language model's prompt, with its "
+        "A dual encoder trained with `epr`, the method of Rubin et al. 2022 ([*Learning To Retrieve Prompts for "
+        "In-Context Learning*](https://aclanthology.org/2022.naacl-main.191/)), to pick the training examples to put in a language model's prompt, with its "
         "demonstration pool and faiss index.",
         "",
         "```python",
@@ -112,7 +112,8 @@ def run_card(run: Path, meta: dict) -> str:
         t = enc.get("train", {})
         info["Base encoder"] = f"`{enc.get('encoder')}`"
         info["Loss"] = (
-            f"`{t.get('loss')}`, {t.get('epochs')} epochs, batch {t.get('batch_size')}, lr {t.get('lr')}"
+            f"`{t.get('loss')}`, {t.get('epochs')} epoch{'' if t.get('epochs') == 1 else 's'}, "
+            f"batch {t.get('batch_size')}, lr {t.get('lr')}"
         )
     if sc:
         info["Labels scored by"] = f"`{json.dumps(sc.get('lm', sc.get('models', sc)), sort_keys=True)[:200]}`"

@@ -288,3 +288,10 @@ def test_status_says_when_the_served_choice_is_not_these_settings(run, minilm_di
     assert line.startswith("served retriever: hybrid") and "stale" not in line and "earlier run" not in line
     no_select = Context(own_config(run.parent, minilm_dir))  # select.size 0
     assert "these settings run no select stage" in _selection_line(no_select)
+
+
+def test_lambda_b_without_a_quality_bias_says_how_to_get_one(loaded):
+    r, _ = loaded
+    r.quality = None  # a run whose retrievers had no +bias: its rerank stage computed no quality bias
+    with pytest.raises(ValueError, match=r"retrieve\.retrievers=\[epr,hybrid,epr\+div\+bias\]"):
+        r.select("how do I reset my email", 3, lambda_b=0.9)

@@ -163,3 +163,7 @@ def test_a_saturated_dpo_is_shown_in_significant_digits(tmp_path):
     write_comparison(tmp_path, comparison_table(task, {"epr": row}, 1, cfg))
     md = (tmp_path / "results.md").read_text()
     assert "| -0.82 (-1.04 to -0.63) | -2.13e-09 (-4e-09 to -1.1e-10) |" in md
+    # no row has a paper number (a task of one's own, or a retriever the paper did not run): no paper column, and
+    # no note naming the paper's LM
+    header = next(line for line in md.splitlines() if line.startswith("| retriever |"))
+    assert "paper" not in header and "GPT-Neo" not in md
