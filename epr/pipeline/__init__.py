@@ -219,13 +219,19 @@ def status_rows(ctx: Context, until: str | None = None) -> list[tuple[str, str, 
 ROUND_STAGES = ("candidates", "scores", "labels", "encoder")  # what each round runs anew
 
 
+def stage_label(ctx: Context, name: str) -> str:
+    """How logs name a stage: an earlier round's with its round (``round-1/examples``), as ``epr status`` does, so
+    a first run's two ``examples`` stages (round 1's and the run's own) are told apart."""
+    return f"round-{ctx.round}/{name}" if ctx.top is not None else name
+
+
 def run_stage(ctx: Context, name: str, force: bool = False) -> bool:
     """Run one stage if it is not fresh (its upstream must be fresh). Returns True when it ran."""
     fp = stage_fingerprint(ctx, name)
     out = ctx.stage_dir(name)
     ctx.dist.barrier()  # every process judges freshness after the main one finished the stage before
     if not force and stage_state(out, fp) == "fresh":
-        log.info("%s: fresh, skipped", name)
+        log.info("%s: fresh, skipped", stage_label(ctx, name))
         return False
     for d in STAGES[name].deps(ctx):
         if stage_state(ctx.stage_dir(d), stage_fingerprint(ctx, d)) != "fresh":
@@ -244,7 +250,7 @@ def run_stage(ctx: Context, name: str, force: bool = False) -> bool:
     if ctx.dist.is_main:
         remove_stale_temps(out)  # left by a kill between a temp write and its rename
     t0 = time.time()
-    log.info("%s: running", name)
+    log.info("%s: running", stage_label(ctx, name))
     res = stage.fn(ctx, out, fp) or {}
     if ctx.dist.is_main:
         write_manifest(

@@ -62,6 +62,12 @@ class BM25Index:
         elif backend == "bm25s":
             import bm25s
 
+            if (
+                logging.getLogger("bm25s").level == logging.DEBUG
+            ):  # bm25s forces DEBUG on its logger at import:
+                logging.getLogger("bm25s").setLevel(
+                    logging.NOTSET
+                )  # its records follow the application's level
             self._bm = bm25s.BM25(method="robertson", k1=K1, b=B)
             self._bm.index(toks, show_progress=False)
             self._vocab = self._bm.vocab_dict

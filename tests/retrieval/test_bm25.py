@@ -52,3 +52,25 @@ def test_ties_broken_by_id_and_k_capped():
 def test_empty_corpus_is_an_error():
     with pytest.raises(ValueError, match="empty corpus"):
         BM25Index([], "bm25s")
+
+
+def test_bm25s_debug_records_follow_the_applications_level():
+    """bm25s sets its logger to DEBUG at import, so a handler at the root (the CLI's, at INFO) printed its 'Building
+    index from tokens': its records now follow the root's level."""
+    import logging
+
+    from epr.retrieval.bm25 import BM25Index
+
+    seen = []
+    h = logging.Handler()  # level NOTSET, like logging.basicConfig's: shows whatever reaches it
+    h.emit = seen.append
+    root = logging.getLogger()
+    old = root.level
+    root.addHandler(h)
+    root.setLevel(logging.INFO)
+    try:
+        BM25Index(["turn on the lights", "set an alarm"], backend="bm25s")
+    finally:
+        root.removeHandler(h)
+        root.setLevel(old)
+    assert not [r for r in seen if r.name.startswith("bm25s") and r.levelno < logging.INFO]

@@ -369,3 +369,14 @@ def test_prefix_shared_chunks_keep_the_nested_label_sets_in_front():
         SimpleNamespace(cfg=SimpleNamespace(scoring=SimpleNamespace(prefix_share=False))), rankings, 50
     )
     assert [r.qid for c in plain for r in c] == [int(q) for q in qids]
+
+
+def test_logs_name_an_earlier_rounds_stages_with_their_round(tmp_path):
+    """A first two-round run runs ``examples`` twice (round 1's and its own): the log says which, as status does."""
+    from epr.config import load_config
+    from epr.context import Context
+    from epr.pipeline import stage_label
+
+    ctx = Context(load_config([], [f"run_root={tmp_path}", "candidates.rounds=2"]))
+    assert stage_label(ctx.prev_round(), "examples") == "round-1/examples"
+    assert stage_label(ctx, "examples") == "examples"
