@@ -263,6 +263,17 @@ def test_dev_size_that_leaves_no_training_is_refused_before_labels(tmp_path, cap
             check_dev_size(ctx)
 
 
+@pytest.mark.parametrize("cmd", [["run", "--until", "tqa_report"], ["tqa_contexts"]])
+def test_truthfulqa_stages_refused_for_another_task(cmd, tmp_path, capsys):
+    p = tmp_path / "d.jsonl"
+    p.write_text(jsonl(GOOD))
+    rc, err = cli(capsys, *cmd, *own_sets(tmp_path, p))
+    assert_clean_error(
+        rc, err, "a TruthfulQA stage, and this config's task is 'jsonl'", "configs/truthfulqa.yaml"
+    )
+    assert not list((tmp_path / "runs").glob("*/tqa_*"))  # no folder made
+
+
 @pytest.mark.skipif(os.geteuid() == 0, reason="root reads any file")
 def test_unreadable_data_file(tmp_path, capsys):
     p = tmp_path / "d.jsonl"

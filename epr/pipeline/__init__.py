@@ -225,8 +225,19 @@ def stage_label(ctx: Context, name: str) -> str:
     return f"round-{ctx.round}/{name}" if ctx.top is not None else name
 
 
+def check_task_stage(ctx: Context, name: str) -> None:
+    """TruthfulQA's stages (``tqa_*``) read TruthfulQA's questions and answers: refused, before any folder is made,
+    for a config of another task."""
+    if name.startswith("tqa_") and ctx.cfg.data.task != "truthfulqa":
+        raise ConfigError(
+            f"{name}: a TruthfulQA stage, and this config's task is {ctx.cfg.data.task!r} (its last stage is "
+            f"{final_stage(ctx)}); TruthfulQA runs with -c configs/truthfulqa.yaml"
+        )
+
+
 def run_stage(ctx: Context, name: str, force: bool = False) -> bool:
     """Run one stage if it is not fresh (its upstream must be fresh). Returns True when it ran."""
+    check_task_stage(ctx, name)
     fp = stage_fingerprint(ctx, name)
     out = ctx.stage_dir(name)
     ctx.dist.barrier()  # every process judges freshness after the main one finished the stage before
@@ -273,6 +284,7 @@ def run(ctx: Context, until: str = "labels", force: tuple[str, ...] = ()) -> lis
     """Run every stale or missing stage up to ``until``; returns the stages that ran."""
     until = ALIASES.get(until, until)
     force = tuple(ALIASES.get(f, f) for f in force)
+    check_task_stage(ctx, until)
     order = upstream(ctx, until)
     outside = [f for f in force if f not in order]
     if (
