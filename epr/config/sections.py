@@ -335,7 +335,8 @@ class GenerateConfig:
     chunk_size: int | None = opt(
         None,
         "prompts per resumable chunk (null: 256 on a CPU, 1024 on a GPU; the lean decoder batches continuously within "
-        "a chunk: fewer than ~4x decode_rows leave its steps with few rows)",
+        "a chunk: fewer than ~4x decode_rows leave its steps with few rows; part of predict's key, since in bf16 "
+        "the batching moves outputs: a change regenerates)",
         ge=1,
     )
     engine: str = opt(
