@@ -214,6 +214,14 @@ class PromptRetriever:
         (the log says which and why). The faiss index is cached under ``<run_dir>/.cache/index/``, keyed by the
         encoder's and the pool's fingerprints and the index factory."""
         run = Path(run_dir)
+        if not run.is_dir():
+            raise UpstreamError(
+                f"{run}: no such run folder (a run's folder is <run_root>/<name>, e.g. runs/mydata); if nothing has "
+                "run under this name yet, `epr run --until encoder` with the same -c/--set trains it"
+            )
+        if (run / "retriever.json").exists():
+            raise UpstreamError(f"{run}: an exported retriever, not a run folder: load it with "
+                                f"PromptRetriever.from_pretrained({str(run)!r})")  # fmt: skip
         model = run / "encoder" / "model"
         enc_man, ex_man = read_manifest(run / "encoder"), read_manifest(run / "examples")
         if not model.exists() or enc_man is None or ex_man is None:

@@ -123,7 +123,7 @@ def run_card(run: Path, meta: dict) -> str:
         h = json.loads(hist.read_text(encoding="utf-8"))
         if isinstance(h, list) and h:
             cols = [k for k in h[0] if k != "epoch"]
-            card += "\n## Dev metrics per epoch (epoch 0: the untrained encoder)\n\n"
+            card += "\n## Dev metrics per epoch (epoch 0: before training, the base encoder or an earlier round's)\n\n"
             card += "| epoch | " + " | ".join(cols) + " |\n|" + "---|" * (len(cols) + 1) + "\n"
             for row in h:
                 cells = [

@@ -671,3 +671,16 @@ def test_api_missing_folder(path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises((FileNotFoundError, ValueError), match="nowhere|no/such"):
         PromptRetriever.from_pretrained(path)
+
+
+def test_from_run_names_a_missing_folder_and_an_exported_one(shipped, tmp_path):
+    """``from_run`` on a path that is not there says so (not 'train it first'), and on an exported folder points to
+    ``from_pretrained``."""
+    from epr.api import PromptRetriever
+    from epr.types import UpstreamError
+
+    with pytest.raises(UpstreamError, match="runs/typo: no such run folder"):
+        PromptRetriever.from_run(tmp_path / "runs" / "typo")
+    with pytest.raises(UpstreamError, match=r"an exported retriever, not a run folder: load it with "
+                                            r"PromptRetriever\.from_pretrained"):  # fmt: skip
+        PromptRetriever.from_run(shipped[0])

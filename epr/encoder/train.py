@@ -228,7 +228,8 @@ def train(
         history.append(
             {"epoch": 0, "loss": None, **evaluate(_unwrap(accelerator, model), dev, cands, pool, task, k)}
         )
-        accelerator.print(f"untrained: {history[-1]}")
+        start = "warm start (the earlier round's encoder)" if warm else "untrained"
+        accelerator.print(f"{start}: {history[-1]}")
         if accelerator.is_main_process and not warm:  # epoch 0 is a candidate (not the warm start's)
             save_model(_unwrap(accelerator, model), out / "best_model")
 
