@@ -387,6 +387,7 @@ def test_json_array_file_is_read(tmp_path, capsys):
 # ---- configuration -------------------------------------------------------------------------------------------
 CONFIG_SETS = {
     "unclosed-list": ("retrieve.retrievers=[bm25", "retrieve.retrievers"),
+    "empty-name": ("name=", "config name: may not be null (empty); give it a value (--set name=<value>"),
     "value-as-section": ("candidates.L.x=1", "candidates.L"),
     "no-equals": ("candidates.L", "expected key.path=value"),
     "empty-key-part": ("candidates..L=3", "candidates..L"),

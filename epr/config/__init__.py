@@ -96,7 +96,10 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     if value is None:
         if "None" in str(tp):
             return None
-        raise ConfigError(f"config {where}: may not be null")
+        raise ConfigError(
+            f"config {where}: may not be null (empty); give it a value (--set {where}=<value>, or in the YAML "
+            f"{where.rsplit('.', 1)[-1]}: <value>)"
+        )
     for base in (bool, int, float, str):
         if (
             tp is base
