@@ -231,11 +231,17 @@ def test_a_config_that_names_no_run_is_named_by_its_file(tmp_path):
     from epr.config import load_config
 
     mine = tmp_path / "mydata.yaml"
-    mine.write_text("inherit: " + str(ROOT / "configs" / "base.yaml") + "\ndata: {task: jsonl, path: rows.csv}\n")
+    mine.write_text(
+        "inherit: " + str(ROOT / "configs" / "base.yaml") + "\ndata: {task: jsonl, path: rows.csv}\n"
+    )
     assert load_config([mine]).name == "mydata"
     assert load_config([mine, ROOT / "configs" / "paper.yaml"]).name == "mydata"
     assert load_config([mine], ["name=other"]).name == "other"
     named = tmp_path / "x.yaml"
     named.write_text("name: kept\n")
     assert load_config([named]).name == "kept"
+    assert load_config([mine, named]).name == "kept"  # a later file's own name wins, as any setting does
+    child = tmp_path / "child.yaml"  # inherits a named config: its own file's name, not the parent's run
+    child.write_text(f"inherit: {ROOT / 'configs' / 'mtop.yaml'}\n")
+    assert load_config([child]).name == "child"
     assert load_config([]).name == "demo"

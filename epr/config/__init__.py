@@ -224,6 +224,13 @@ def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _own_keys(path: Path) -> set[str]:
+    """The top-level keys a config file writes itself (not those of the files it inherits); read after
+    :func:`_read_yaml` has checked the file."""
+    data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    return set(data) if isinstance(data, dict) else set()
+
+
 def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     try:
         path = path.resolve()
@@ -264,6 +271,10 @@ def load_config(paths: Sequence[str | Path] = (), overrides: Sequence[str] = ())
     data: dict[str, Any] = {}
     for p in paths:
         data = _deep_merge(data, _read_yaml(Path(p)))
+    if paths and not any("name" in _own_keys(Path(p)) for p in paths):
+        # a config of one's own that names no run is named by its file: not by a file it inherits (`inherit:
+        # mtop.yaml` would write into MTOP's run), nor by the demo's default
+        data["name"] = Path(paths[0]).stem
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"override --set {item!r}: expected key.path=value (e.g. candidates.L=20)")
@@ -287,10 +298,6 @@ def load_config(paths: Sequence[str | Path] = (), overrides: Sequence[str] = ())
                 f"override --set {item!r}: the value {raw!r} is not valid YAML ({problem}); "
                 "quote it or close its brackets (e.g. retrieve.retrievers=[bm25,epr])"
             ) from None
-    if (
-        paths and "name" not in data
-    ):  # a config of one's own that names no run: its file's name, not the demo's
-        data["name"] = Path(paths[0]).stem
     cfg = config_from_dict(ExperimentConfig, data)
     _validate(cfg)
     return cfg
