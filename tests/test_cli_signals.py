@@ -14,12 +14,14 @@ from .test_bad_input import GOOD, jsonl, own_sets
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
 
-TERM_SOON = """
-import os, signal, sys, threading
+TERM_WHEN = """
+import os, pathlib, signal, sys, threading, time
 from epr.cli import main
-t = threading.Timer(float(sys.argv[1]), lambda: os.kill(os.getpid(), signal.SIGTERM))
-t.daemon = True
-t.start()
+def term_when_there(path):  # SIGTERM once the run has finished this stage: mid-run, on a slow machine or a fast one
+    while not pathlib.Path(path).exists():
+        time.sleep(0.05)
+    os.kill(os.getpid(), signal.SIGTERM)
+threading.Thread(target=term_when_there, args=(sys.argv[1],), daemon=True).start()
 sys.exit(main(sys.argv[2:]))
 """
 
@@ -29,8 +31,9 @@ def test_sigterm_is_said_and_the_same_command_resumes(tmp_path, minilm_dir):
     p.write_text(jsonl(GOOD * 4))
     argv = ["run", "--until", "encoder", *own_sets(tmp_path, p, f"models.encoder={minilm_dir}", "train.dev_size=2",
                                                     "train.epochs=50", "train.batch_size=4")]  # fmt: skip
-    res = subprocess.run([sys.executable, "-c", TERM_SOON, "8", *argv], env=ENV, capture_output=True, text=True,
-                         timeout=300)  # fmt: skip
+    done = tmp_path / "runs" / "bad" / "candidates" / "manifest.json"
+    res = subprocess.run([sys.executable, "-c", TERM_WHEN, str(done), *argv], env=ENV, capture_output=True,
+                         text=True, timeout=300)  # fmt: skip
     assert res.returncode == 143, res.stderr[-2000:]
     assert "epr: terminated (SIGTERM; finished chunks are kept: the same command resumes)" in res.stderr
     assert "Traceback" not in res.stderr
@@ -50,3 +53,43 @@ def test_a_reader_that_stops_early_is_not_an_error(tmp_path):
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == 0, err
     assert "Broken pipe" not in err and "epr: error" not in err
+
+
+def test_a_writer_whose_reader_went_away_exits_as_sigpipe_would(tmp_path):
+    """A command that writes may have stopped part way when its output pipe closed: no message, but SIGPIPE's exit
+    code (141), so a script does not take it for success."""
+    p = tmp_path / "d.jsonl"
+    p.write_text(jsonl(GOOD))
+    proc = subprocess.Popen([sys.executable, "-m", "epr.cli", "run", "--until", "examples", *own_sets(tmp_path, p)],
+                            env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 141, err
+    assert "epr: error" not in err
+
+
+def test_the_sigterm_handler_is_only_for_one_process_writers(monkeypatch):
+    """Readers and the ranks of a multi-process launch keep SIGTERM's default action (a rank blocked in a collective
+    would run no Python handler until the launcher's SIGKILL); a one-process writer gets it, once."""
+    import signal
+
+    from epr.cli.ends import Terminated, terminate_as_interrupt
+
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert terminate_as_interrupt(["status"]) is None and terminate_as_interrupt(["config"]) is None
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert terminate_as_interrupt(["run"]) is None
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    try:
+        assert terminate_as_interrupt(["run"]) is signal.SIG_DFL
+        handler = signal.getsignal(signal.SIGTERM)
+        try:
+            handler(signal.SIGTERM, None)
+            raise AssertionError("the handler did not raise")
+        except Terminated:
+            pass
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # a second SIGTERM ends the process
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)

@@ -20,7 +20,7 @@ import os
 import sys
 from pathlib import Path
 
-from epr.cli.ends import Terminated, debug_flag, explain, terminate_as_interrupt
+from epr.cli.ends import READERS, Terminated, debug_flag, explain, terminate_as_interrupt
 
 __all__ = ["main", "build_parser", "context_from_args", "explain"]
 
@@ -220,7 +220,7 @@ def run_demo(ctx) -> int:
 def main(argv: list[str] | None = None) -> int:
     """The ``epr`` command. Expected failures (:func:`explain`) print one paragraph and return 2."""
     argv, debug = debug_flag(sys.argv[1:] if argv is None else list(argv))
-    restore = terminate_as_interrupt()
+    restore = terminate_as_interrupt(argv)
     try:
         rc = _main(argv)
         sys.stdout.flush()  # here, so that a reader that stopped early (`epr status | head`) is caught below
@@ -231,12 +231,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         sys.stderr.write("epr: interrupted (finished chunks are kept: the same command resumes)\n")
         return 130
-    except BrokenPipeError:  # the reader of our output went away: nothing is wrong with the command
-        with contextlib.suppress(
-            OSError, ValueError
-        ):  # (a stdout with no file descriptor: nothing to redirect)
+    except BrokenPipeError:  # the reader of our output went away (`epr status | head`)
+        # (a stdout with no file descriptor has nothing to redirect)
+        with contextlib.suppress(OSError, ValueError):
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
-        return 0
+        # a reader lost nothing; a command that writes may have stopped part way: SIGPIPE's exit code, for scripts
+        return 0 if argv[:1] and argv[0] in READERS else 141
     except Exception as e:  # the error boundary: a message for what the user can fix, a stack for a bug
         msg = explain(e)
         if msg is None or debug:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["Terminated", "debug_flag", "explain", "terminate_as_interrupt"]
+__all__ = ["READERS", "Terminated", "debug_flag", "explain", "terminate_as_interrupt"]
 
 
 def explain(e: BaseException) -> str | None:
@@ -59,19 +59,32 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM (a scheduler's or ``kill``'s stop) while ``epr`` runs: unwound like Ctrl-C, said as such."""
 
 
-def terminate_as_interrupt():
-    """While the command runs, SIGTERM raises :class:`Terminated` (Ctrl-C's path: stages' partial files are left
-    as a resume expects, the one-writer lock is released, a message is printed), where SIGTERM still has Python's
-    default action and this is the main thread; returns the handler to put back (None where nothing was set)."""
+READERS = (
+    "status",
+    "config",
+    "inspect",
+)  # commands that write nothing: a stop or a closed pipe loses nothing
+
+
+def terminate_as_interrupt(argv: list[str]):
+    """While a command that writes runs in one process, SIGTERM raises :class:`Terminated` once (Ctrl-C's path:
+    stages' partial files are left as a resume expects, the one-writer lock is released, a message is printed);
+    a second SIGTERM has the default action again. Not for readers, not under a multi-process launcher (a rank
+    blocked in a collective would not run the handler until the launcher's SIGKILL; the default ends it at once),
+    not off the main thread, and not where SIGTERM already has a handler. Returns the handler to put back (None
+    where nothing was set)."""
     import signal
     import threading
 
+    if not argv or argv[0] in (*READERS, "serve") or int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
+        return None
     if threading.current_thread() is not threading.main_thread():
         return None
     if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
         return None
 
     def on_term(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # once: a second SIGTERM ends the process as before
         raise Terminated()
 
     signal.signal(signal.SIGTERM, on_term)
