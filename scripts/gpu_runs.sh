@@ -8,9 +8,10 @@
 #     RUNS="-c configs/mtop.yaml --set candidates.num_queries=8000 --set name=mtop-8000-gpu" \
 #         LIMIT=540 bash scripts/gpu_runs.sh
 #
-# A lease ends with its machine, and the next one starts bare: each packing call also exports every LM score under $R
-# to $OUT/scores.json.gz (`epr cache export`), and IMPORT="<carried file> ..." imports such files before the runs
-# start, so a run that did not finish inside one lease scores nothing twice in the next (its other stages rerun).
+# A lease ends with its machine, and the next one starts bare: each packing call also exports the LM scores under $R
+# that no IMPORT file carries to $OUT/scores.json.gz (`epr cache export --skip`), and IMPORT="<carried file> ..."
+# imports such files (every earlier lease's) before the runs start, so a run that did not finish inside one lease
+# scores nothing twice in the next (its other stages rerun).
 #
 # The runs see --set run_root=$R and --set data.data_dir=<the payload's data>; their logs are $R/<k>.log, k counting
 # runs from 0 in the order RUNS gives them. Lanes: `|` splits RUNS into chains that run side by side (one process
@@ -20,8 +21,9 @@
 #
 #     RUNS="<run a>;<run b>|<run c>" ...      # a then b, beside c
 #
-# `after:PATH` in a chain is a barrier, not a run: the lane waits until $R/PATH exists (another lane's finished
-# stage), or until any lane has ended, then goes on. Seeds that share round 1's labels score them once this way: the
+# `after:PATH` in a chain is a barrier, not a run: the lane waits until $R/PATH (or an absolute PATH) exists, another
+# lane's finished stage, then goes on; also once every lane that begins with a run has ended without making it, or
+# after AFTER_MAX seconds (1800). RUNS where every lane begins with a barrier is refused (exit 6). Seeds that share round 1's labels score them once this way: the
 # score cache under $R serves them to the lanes that waited (the same values, not a second bf16 computation):
 #
 #     RUNS="<s42>|after:<s42's name>/rounds/round-1/scores/manifest.json;<s1>|after:<the same>;<s2>" ...
@@ -48,6 +50,13 @@ if [ ! -f "$R/started" ]; then
   for f in ${IMPORT:-}; do  # scores an earlier lease computed (its $OUT/scores.json.gz, carried): not scored again
     $PY -m epr.cli cache import "$f" --set run_root="$R" || { echo "gpu_runs: cannot import $f"; exit 5; }
   done
+  # the lanes that begin with a run: a barrier whose file never comes stops waiting once all of them have ended
+  producers=""
+  for l in "${!lanes[@]}"; do
+    first="${lanes[$l]%%;*}"; first="${first#"${first%%[![:space:]]*}"}"
+    [[ $first == after:* ]] || producers+="[ -e '$R/lane$l.end' ] && "
+  done
+  [ -n "$producers" ] || { echo "gpu_runs: every lane begins with after:, so nothing would make their files"; exit 6; }
   date -u +%FT%TZ > "$R/started"
   k=0
   for l in "${!lanes[@]}"; do
@@ -55,10 +64,11 @@ if [ ! -f "$R/started" ]; then
     script=""
     for r in "${runs[@]}"; do
       b="${r#"${r%%[![:space:]]*}"}"  # without leading blanks
-      if [[ $b == after:* ]]; then  # a barrier, not a run: wait for a file under $R, or for any lane's end
-        p="$R/${b#after:}"; p="${p%"${p##*[![:space:]]}"}"
-        script+="echo 'waiting for $p'; until [ -e '$p' ] || compgen -G '$R/lane*.end' > /dev/null; do sleep ${POLL:-5}; done; "
-        script+="[ -e '$p' ] && echo \"\$(date -u +%FT%TZ) found $p\" || echo 'a lane ended first: going on without $p'; "
+      if [[ $b == after:* ]]; then  # a barrier, not a run: wait for a file, at most AFTER_MAX seconds
+        p="${b#after:}"; p="${p%"${p##*[![:space:]]}"}"; [[ $p == /* ]] || p="$R/$p"
+        script+="echo 'waiting for $p'; w=\$((SECONDS + ${AFTER_MAX:-1800})); "
+        script+="until [ -e '$p' ] || { ${producers}true; } || [ \$SECONDS -ge \$w ]; do sleep ${POLL:-5}; done; "
+        script+="[ -e '$p' ] && echo \"\$(date -u +%FT%TZ) found $p\" || echo 'not there, and the lanes that make files have ended (or AFTER_MAX passed): going on without $p'; "
         continue
       fi
       script+="$PY -m epr.cli run $r --set run_root=$R --set data.data_dir=$T/payload/data > $R/$k.log 2>&1"
@@ -78,8 +88,11 @@ if [ -n "${OUT:-}" ]; then
     --exclude='*/parts/*' --exclude=pool.jsonl --exclude=tokenizer.json --exclude=vocab.txt --exclude=.cache \
     -C "$(dirname "$R")" "$(basename "$R")"
   if [ -d "$R/.cache/scores" ]; then  # every LM score so far, for a later lease's IMPORT (a lease ends the machine)
-    $PY -m epr.cli cache export "$OUT/scores.json.gz" --set run_root="$R" > "$R/export.log" 2>&1 \
+    skip=(); for f in ${IMPORT:-}; do skip+=(--skip "$f"); done  # what earlier leases' files carry already
+    $PY -m epr.cli cache export "$OUT/scores.json.gz" "${skip[@]}" --set run_root="$R" > "$R/export.log" 2>&1 \
       && tail -1 "$R/export.log" || echo "gpu_runs: the score export failed ($R/export.log)"
+    [ "$(stat -c %s "$OUT/scores.json.gz" 2>/dev/null || echo 0)" -le $((16 * 1024 * 1024)) ] \
+      || echo "gpu_runs: scores.json.gz is over the 16 MiB a file the device returns: it will not come back"
   fi
   ls -la "$OUT"
 fi

@@ -25,9 +25,9 @@ sys.exit(3 if name.startswith("fail") else 0)
 """
 
 
-def _call(tmp: Path, runs: str, limit: int = 60) -> subprocess.CompletedProcess:
+def _call(tmp: Path, runs: str, limit: int = 60, extra: dict | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, "PY": f"{sys.executable} {tmp / 'stub.py'}", "S": str(tmp / "s"), "T": str(tmp / "t"),
-           "R": str(tmp / "runs"), "LIMIT": str(limit), "POLL": "0.2", "RUNS": runs}  # fmt: skip
+           "R": str(tmp / "runs"), "LIMIT": str(limit), "POLL": "0.2", "RUNS": runs, **(extra or {})}  # fmt: skip
     env.pop("OUT", None)
     return subprocess.run(["bash", str(ROOT / "scripts" / "gpu_runs.sh")], cwd=tmp, env=env, capture_output=True,
                           text=True, timeout=120)  # fmt: skip
@@ -109,7 +109,9 @@ def test_after_waits_for_another_lanes_file_and_never_for_ever(tmp_path):
     start = {e["name"]: e["at"] for e in events if "at" in e}
     end = {e["name"]: e["end"] for e in events if "end" in e}
     assert end["a"] <= start["c"] < end["b"]  # c waited for a's done mark, not for a's whole lane
-    assert start["d"] >= end["c"]  # d's file never came: it went on once a lane (c's) had ended
+    assert (
+        start["d"] >= end["b"]
+    )  # d's file never came: it went on once the lane that makes files (a, b) had ended
     R = tmp_path / "runs"
     assert sorted(p.name for p in R.glob("*.done")) == [
         "0.done",
@@ -150,6 +152,8 @@ def test_scores_move_between_leases_import_before_the_runs_and_export_at_packing
     calls = [json.loads(x) for x in (tmp_path / "stub.py.jsonl").read_text().splitlines()]
     assert [c[:3] for c in calls] == [["cache", "import", "one.json.gz"], ["cache", "import", "two.json.gz"],
                                       ["run", "--name", "a"], ["cache", "export", f"{out}/scores.json.gz"]]  # fmt: skip
+    # the export carries what the imported files do not: every earlier lease's file is imported next time
+    assert calls[-1][3:7] == ["--skip", "one.json.gz", "--skip", "two.json.gz"]
     assert all(f"run_root={R}" in c for c in calls)
     assert (out / "runs.tgz").exists()
 
@@ -160,3 +164,23 @@ def test_scores_move_between_leases_import_before_the_runs_and_export_at_packing
     assert res.returncode == 5 and "cannot import bad.json.gz" in res.stdout
     calls = [json.loads(x) for x in (tmp_path / "stub.py.jsonl").read_text().splitlines()]
     assert [c[:2] for c in calls] == [["cache", "import"]]  # nothing ran
+
+
+def test_barriers_refused_where_nothing_makes_their_files_and_bounded_in_time(tmp_path):
+    (tmp_path / "stub.py").write_text(STUB)
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "site.ok").touch()
+    out = _call(tmp_path, "after:x;--name a --sleep 0.1|after:y;--name b --sleep 0.1")
+    assert out.returncode == 6 and "every lane begins with after:" in out.stdout
+    assert not (tmp_path / "runs" / "started").exists()
+    # a file that never comes while its maker still runs: AFTER_MAX lets the lane go on; an absolute path is kept
+    env_max = {"AFTER_MAX": "1"}
+    out = _call(tmp_path, f"--name slow --sleep 4|after:{tmp_path}/never;--name c --sleep 0.1", extra=env_max)
+    assert out.returncode == 0, out.stderr
+    import json
+
+    events = [json.loads(x) for x in (tmp_path / "stub.py.jsonl").read_text().splitlines()]
+    start = {e["name"]: e["at"] for e in events if "at" in e}
+    end = {e["name"]: e["end"] for e in events if "end" in e}
+    assert start["c"] < end["slow"]  # released by AFTER_MAX, not by the slow lane's end
+    assert f"waiting for {tmp_path}/never" in (tmp_path / "runs" / "driver1.log").read_text()
