@@ -167,13 +167,13 @@ def _not_fresh(ctx, stages: list[str]) -> list[str]:
     """``"<stage> <state>"`` for each of ``stages`` this config runs that is not fresh under it (its settings or
     upstream changed since it ran, or it never finished)."""
     from epr import pipeline
+    from epr.cache import stage_state
 
     wanted = pipeline.upstream(ctx, pipeline.final_stage(ctx))
-    return [
-        f"{n} {s}"
-        for n, s in pipeline.status(ctx, None).items()
-        if n in stages and n in wanted and s != "fresh"
-    ]
+    states = {
+        n: stage_state(ctx.stage_dir(n), pipeline.stage_fingerprint(ctx, n)) for n in stages if n in wanted
+    }
+    return [f"{n} {s}" for n, s in states.items() if s != "fresh"]
 
 
 def _label_cost_line(ctx) -> str:
@@ -322,15 +322,16 @@ def _dispatch(ctx, args: argparse.Namespace) -> int:
     if args.cmd == "export":
         from epr.api import PromptRetriever
 
-        stale = _not_fresh(ctx, ["encoder", "select"])
+        r = PromptRetriever.from_run(ctx.cfg.run_dir, mode=args.mode)
+        stale = _not_fresh(ctx, ["encoder"] if args.mode else ["encoder", "select"])
         if stale:  # the folder ships what the run holds, which these settings would not have made
             logging.getLogger("epr.cli").warning(
-                "epr export: %s: %s under these settings (-c/--set changed since it ran, or it never finished): "
-                "the export ships the run as it is; `epr run` with these -c/--set first brings it up to date",
+                "epr export: %s: %s under these settings (stale: the -c/--set differ from the run's; missing: not "
+                "run or not finished): the export ships the run as it is; `epr run` with these -c/--set first "
+                "brings it up to date",
                 ctx.cfg.run_dir,
                 ", ".join(stale),
             )
-        r = PromptRetriever.from_run(ctx.cfg.run_dir, mode=args.mode)
         out = r.save_pretrained(args.out, run=ctx.cfg.run_dir, overwrite=args.overwrite)
         sys.stdout.write(f"wrote {out} (PromptRetriever.from_pretrained({str(out)!r}))\n")
         return 0

@@ -197,10 +197,11 @@ def check_dev_size(ctx: Context) -> None:
     if dev_size < n_labelled:
         return
     less = " less the select slice" if n_labelled < min(n_pool, num_queries or n_pool) else ""
+    suggest = min(max(1, n_labelled // 10), n_labelled - 1) if n_labelled > 1 else 0  # a tenth, never all
     raise ConfigError(
         f"train.dev_size={dev_size} would leave no training instances: the run labels {n_labelled} pool examples "
         f"(candidates.num_queries={num_queries}, a pool of {n_pool}{less}); set train.dev_size below {n_labelled} "
-        f"(e.g. --set train.dev_size={max(1, n_labelled // 10)}), or 0 for no dev metrics"
+        f"(e.g. --set train.dev_size={suggest}), or 0 for no dev metrics"
     )
 
 
