@@ -17,7 +17,6 @@ run's ``select`` stage chose (``<run>/select/report.json``), ``epr`` where the r
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,7 +29,7 @@ from epr.cache import fingerprint, read_manifest
 from epr.config import DataConfig, RagsysConfig, RetrieveConfig, config_from_dict
 from epr.encoder.model import DualEncoder
 from epr.retrieval.index import build_index, load_index, save_index, search
-from epr.retrieval.modes import LazyBM25, check_mode, rank
+from epr.retrieval.modes import LazyBM25, check_mode, rank, served_mode
 from epr.retrieval.prompt_budget import Budget, build_prompt
 from epr.tasks import get_task
 from epr.types import Example, UpstreamError
@@ -122,41 +121,6 @@ def _warn_changed_data(run: Path, ex_man: dict) -> None:
         )
 
 
-def _selected(run: Path, mode: str | None, enc_fp: str) -> tuple[str, str, dict | None]:
-    """(the mode to serve, its BM25 backend, the select stage's report or None): ``mode`` where given, else what
-    the run's finished ``select`` stage chose, else ``epr``. A select folder without its manifest is unfinished
-    and ignored, as every stage's is."""
-    report, man, f = None, read_manifest(run / "select"), run / "select" / "report.json"
-    try:
-        if man is not None:
-            report = json.loads(f.read_text(encoding="utf-8"))
-            check_mode(report["selected"], report.get("backend") or "bm25s")
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        if mode is None:
-            raise UpstreamError(
-                f"{f}: not a readable select report ({type(e).__name__}: {e}); rerun the select stage "
-                "(`epr run` with the run's -c/--set), or pass mode= to choose the retriever yourself"
-            ) from None
-        log.warning("%s: unreadable (%s); serving mode=%r as asked", f, e, mode)
-        report = None
-    if report is not None and man.get("upstream", {}).get("encoder") not in (None, enc_fp):
-        log.warning("%s: the select stage compared an earlier encoder of this run; rerun it to compare the "
-                    "current one (`epr run` with the run's -c/--set)", run)  # fmt: skip
-    if man is None and mode is None and (run / "select").is_dir():
-        log.warning("%s: its select stage did not finish (stopped mid-run), so its choice is unknown: serving 'epr' "
-                    "until it does (`epr run` with the run's -c/--set finishes it), or pass mode=", run)  # fmt: skip
-    cand = (read_manifest(run / "candidates") or {}).get("config", {}).get("candidates", {})
-    backend = (report or {}).get("backend") or cand.get("backend") or "bm25s"
-    chose = report and f"the run's select stage chose {report['selected']!r}: {report.get('reason')}"
-    if mode is not None:
-        why = f"asked for with mode={mode!r}" + (f"; {chose}" if chose else "")
-    else:
-        mode, why = (report["selected"], chose) if report else ("epr", "the run has no finished select stage")
-    check_mode(mode, backend)
-    log.info("%s: serving the %r retriever (%s)", run, mode, why)
-    return mode, backend, report
-
-
 class PromptRetriever:
     """A trained EPR encoder over a run's demonstration pool, with a cached faiss index, serving the ranking its
     ``mode`` names (:mod:`epr.retrieval.modes`): ``epr`` (the dense index), ``hybrid`` or ``bm25``.
@@ -232,7 +196,7 @@ class PromptRetriever:
         task = get_task(config_from_dict(DataConfig, ex_man["config"]["data"]))
         _warn_changed_data(run, ex_man)
         pool = [Example.from_json(r) for r in read_jsonl(run / "examples" / "pool.jsonl")]
-        mode, backend, report = _selected(run, mode, enc_man["fingerprint"])
+        mode, backend, report = served_mode(run, mode, enc_man["fingerprint"])
         enc = DualEncoder.from_pretrained(str(model))
         pm, rm = read_manifest(run / "prompts"), read_manifest(run / "retrieve")
         budget = None

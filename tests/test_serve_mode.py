@@ -153,7 +153,7 @@ def test_added_demonstration_reaches_bm25(loaded, mode):
 
 
 def test_from_run_serves_what_the_select_stage_chose(run, caplog):
-    caplog.set_level(logging.INFO, logger="epr.api")
+    caplog.set_level(logging.INFO, logger="epr")  # epr.api and the served mode (epr.retrieval.modes)
     assert PromptRetriever.from_run(run).mode == "epr"  # no select stage: the dense encoder, as before
     assert "serving the 'epr' retriever (the run has no finished select stage)" in caplog.text
 

@@ -12,14 +12,20 @@ Scores are each mode's own: inner products (``epr``), BM25 scores (``bm25``), fu
 
 from __future__ import annotations
 
+import json
+import logging
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import numpy as np
 
+from epr.cache import read_manifest
 from epr.retrieval.retrievers import BM25Retriever, rrf_fuse
-from epr.types import Example
+from epr.types import Example, UpstreamError
 
-__all__ = ["MODES", "BM25_BACKENDS", "check_mode", "LazyBM25", "rank"]
+__all__ = ["MODES", "BM25_BACKENDS", "check_mode", "LazyBM25", "rank", "served_mode"]
+
+log = logging.getLogger(__name__)
 
 MODES = ("epr", "hybrid", "bm25")
 BM25_BACKENDS = ("bm25s", "rank_bm25")
@@ -74,3 +80,38 @@ def rank(
         raise ValueError(f"mode={mode!r}: choose one of {', '.join(MODES)}")
     d_ids, _ = dense(k)
     return rrf_fuse([d_ids, b_ids], min(len(d_ids), len(b_ids)))  # FusionRetriever's k: the shorter part's
+
+
+def served_mode(run: Path, mode: str | None, enc_fp: str) -> tuple[str, str, dict | None]:
+    """(the mode to serve, its BM25 backend, the select stage's report or None): ``mode`` where given, else what
+    the run's finished ``select`` stage chose, else ``epr``. A select folder without its manifest is unfinished
+    and ignored, as every stage's is."""
+    report, man, f = None, read_manifest(run / "select"), run / "select" / "report.json"
+    try:
+        if man is not None:
+            report = json.loads(f.read_text(encoding="utf-8"))
+            check_mode(report["selected"], report.get("backend") or "bm25s")
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        if mode is None:
+            raise UpstreamError(
+                f"{f}: not a readable select report ({type(e).__name__}: {e}); rerun the select stage "
+                "(`epr run` with the run's -c/--set), or pass mode= to choose the retriever yourself"
+            ) from None
+        log.warning("%s: unreadable (%s); serving mode=%r as asked", f, e, mode)
+        report = None
+    if report is not None and man.get("upstream", {}).get("encoder") not in (None, enc_fp):
+        log.warning("%s: the select stage compared an earlier encoder of this run; rerun it to compare the "
+                    "current one (`epr run` with the run's -c/--set)", run)  # fmt: skip
+    if man is None and mode is None and (run / "select").is_dir():
+        log.warning("%s: its select stage did not finish (stopped mid-run), so its choice is unknown: serving 'epr' "
+                    "until it does (`epr run` with the run's -c/--set finishes it), or pass mode=", run)  # fmt: skip
+    cand = (read_manifest(run / "candidates") or {}).get("config", {}).get("candidates", {})
+    backend = (report or {}).get("backend") or cand.get("backend") or "bm25s"
+    chose = report and f"the run's select stage chose {report['selected']!r}: {report.get('reason')}"
+    if mode is not None:
+        why = f"asked for with mode={mode!r}" + (f"; {chose}" if chose else "")
+    else:
+        mode, why = (report["selected"], chose) if report else ("epr", "the run has no finished select stage")
+    check_mode(mode, backend)
+    log.info("%s: serving the %r retriever (%s)", run, mode, why)
+    return mode, backend, report
