@@ -150,12 +150,10 @@ def _selection_line(ctx) -> str:
     rep = read_selection(ctx.cfg.run_dir)
     if rep is None:
         return ""
-    from epr import pipeline
-
-    if "select" not in pipeline.upstream(ctx, pipeline.final_stage(ctx)):
+    stale = _not_fresh(ctx, ["select"])
+    if stale == ["select not run"]:
         note = "; from an earlier run of this folder: these settings run no select stage (select.size 0)"
     else:
-        stale = _not_fresh(ctx, ["select"])
         note = f"; stale: chosen under other settings than these ({stale[0]})" if stale else ""
     return (
         f"served retriever: {rep['selected']} ({rep['reason']}); report: "
@@ -164,14 +162,15 @@ def _selection_line(ctx) -> str:
 
 
 def _not_fresh(ctx, stages: list[str]) -> list[str]:
-    """``"<stage> <state>"`` for each of ``stages`` this config runs that is not fresh under it (its settings or
-    upstream changed since it ran, or it never finished)."""
+    """``"<stage> <state>"`` for each of ``stages`` not fresh under this config: stale (its settings or upstream
+    changed since it ran), missing (never finished), or ``not run`` (these settings run no such stage)."""
     from epr import pipeline
     from epr.cache import stage_state
 
     wanted = pipeline.upstream(ctx, pipeline.final_stage(ctx))
     states = {
-        n: stage_state(ctx.stage_dir(n), pipeline.stage_fingerprint(ctx, n)) for n in stages if n in wanted
+        n: stage_state(ctx.stage_dir(n), pipeline.stage_fingerprint(ctx, n)) if n in wanted else "not run"
+        for n in stages
     }
     return [f"{n} {s}" for n, s in states.items() if s != "fresh"]
 
