@@ -16,6 +16,7 @@ HELP = """Experiments as data: every results folder declares what it is (experim
 
     epr experiment check                      # every folder recomputed from its committed rows (CI runs this)
     epr experiment check results/mtop-curve-round2-locked
+    epr experiment show results/mtop-8000-locked   # its rows, recomputed (a planned look: the runs recorded so far)
     epr experiment index                      # write results/README.md (decisive rows, the ledger of locked looks)
     epr experiment index --check              # fail if results/README.md is not what the folders say
     epr experiment declare results/NEW        # a draft experiment.yaml for a new folder
@@ -38,7 +39,7 @@ def add_parser(sub) -> None:
         description=HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("action", choices=("check", "index", "declare", "run", "record"))
+    p.add_argument("action", choices=("check", "show", "index", "declare", "run", "record"))
     p.add_argument("folders", nargs="*", type=Path, help="results folders (check: default every folder)")
     p.add_argument(
         "--results", type=Path, default=ROOT / "results", help="the results root (default: %(default)s)"
@@ -90,6 +91,13 @@ def run(args: argparse.Namespace) -> int:
                 say(f"     {p}")
         say(f"{len(targets) - bad} of {len(targets)} folders recompute to what they declare")
         return 1 if bad else 0
+    if args.action == "show":
+        if not args.folders:
+            raise SystemExit("epr experiment show: give one or more results folders")
+        for f in args.folders:
+            for line in checking.show(f):
+                say(line)
+        return 0
     if args.action == "index":
         text, readmes = index.build(args.results)
         if args.check:

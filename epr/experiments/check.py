@@ -283,3 +283,42 @@ def folders(results: Path) -> list[Path]:
 
 def check_all(results: Path) -> dict[str, list[str]]:
     return {f.name: check(f) for f in folders(results)}
+
+
+def show(folder: Path) -> list[str]:
+    """A folder's rows as ``epr experiment check`` recomputes them, one line each, for reading: each side's mean
+    gold log-prob, exact match and gap share; each pair's paired gain and p-values. A planned folder shows the rows
+    of the runs recorded so far (its pairs whose runs are not in yet are named as such), so a pre-registered look
+    whose seeds come in one by one can be read before its tests all compute."""
+    exp = load(folder)
+    got, problems = recompute(dataclasses.replace(exp, status="supporting"))
+
+    def ci(v: Any) -> str:
+        return f" ({v[0]:.2f} to {v[1]:.2f})" if isinstance(v, list) and len(v) == 2 else ""
+
+    lines = [f"{exp.name} ({exp.status}, {exp.kind}, {exp.dataset} {exp.split}):"]
+    for name, r in got.items():
+        if "gain" in r:  # a pair in gold log-prob
+            lines.append(
+                f"  {name}: n {r['n']}, gain {r['gain']:+.3f} nats{ci(r.get('gain_ci'))}, "
+                f"Wilcoxon p = {r['p_wilcoxon']:.2g}"
+            )
+        elif "p_mcnemar" in r:  # a pair in the paper's metric
+            lines.append(
+                f"  {name}: EM {r['em_a']:.1f} vs {r['em_b']:.1f} (only A {r['only_a']}, only B {r['only_b']}), "
+                f"McNemar p = {r['p_mcnemar']:.2g}"
+            )
+        elif "gold_logprob" in r and isinstance(r["gold_logprob"], (int, float)):  # a side
+            em = f", EM {r['em']:.1f}" if "em" in r else ""
+            gap = lookup(r, "oracle_gap_captured.gold_logprob")
+            share = (
+                f", gap share {gap:.2f}{ci(lookup(r, 'oracle_gap_captured_ci.gold_logprob'))}"
+                if gap is not None
+                else ""
+            )
+            seeds = f", {r['seeds']} seeds pooled" if "seeds" in r else ""
+            lines.append(f"  {name}: n {r['n']}, gold log-prob {r['gold_logprob']:.3f}{em}{share}{seeds}")
+        else:
+            lines.append(f"  {name}: {json.dumps(r, default=str)[:200]}")
+    lines += [f"  not computed: {p}" for p in problems]
+    return lines

@@ -231,7 +231,7 @@ def _build(results: Path) -> tuple[str, dict[str, str], list[dict]]:
                     else "no"
                 )
                 if e.status == "planned":
-                    pre += " (planned: not run yet)"
+                    pre += f" (planned: {_recorded(e)})"
                 ledger_lines.append(
                     f"| {i} | {e.date} | [{e.name}]({e.name}/) | {pre} | {e.outcome} | {tests} |"
                 )
@@ -259,6 +259,13 @@ def _build(results: Path) -> tuple[str, dict[str, str], list[dict]]:
 
 
 END = "<!-- end of the generated part: what follows is written by hand -->"
+
+
+def _recorded(e: Experiment) -> str:
+    """How far a planned look has come: the runs recorded into it so far (``--as NAME``), or not run yet."""
+    rows = sorted((e.folder / "rows").glob("per_query-*.jsonl.gz"))
+    names = [p.name[len("per_query-") : -len(".jsonl.gz")] for p in rows]
+    return f"recorded so far: {', '.join(names)}" if names else "not run yet"
 
 
 def hand_written(p: Path) -> str:

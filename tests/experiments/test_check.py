@@ -4,6 +4,7 @@ committed folder (CI)."""
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 import shutil
@@ -433,11 +434,14 @@ def test_a_slices_folder_pools_seeds_and_reads_what_select_served(tmp_path):
     assert any("not the same examples" in p for p in checking.recompute(load(folder))[1])
 
 
-def test_a_planned_locked_look_takes_its_seeds_one_at_a_time_and_declares_numbers_when_all_are_in(tmp_path):
+def test_a_planned_locked_look_takes_its_seeds_one_at_a_time_and_declares_numbers_when_all_are_in(
+    tmp_path, capsys
+):
     """A pre-registered 3-seed look (issue 48) is committed as ``status: planned`` with its pooled pairs and tests
     before it runs; the check passes it without rows. Each seed recorded (``--part locked --as sN``) adds its rows
     and the folder stays planned, with no numbers, while a test cannot be computed; the last seed makes every test
-    compute, and the folder turns supporting with its numbers recomputed from the rows. A planned folder that
+    compute, and the folder turns supporting with its numbers recomputed from the rows. ``epr experiment show``
+    reads the rows of the seeds in so far, and names the pairs that wait for the others. A planned folder that
     declares numbers fails the check."""
     from epr.cli import main
 
@@ -462,6 +466,15 @@ def test_a_planned_locked_look_takes_its_seeds_one_at_a_time_and_declares_number
         assert (dest / "rows" / f"per_query-{s}.jsonl.gz").exists()
         if s != "s3":
             assert d["status"] == "planned" and not d.get("expected") and checking.check(dest) == []
+        if s == "s1":  # one seed in: its rows read, the pooled pair waits for s2's files
+            capsys.readouterr()
+            assert main(["experiment", "show", str(dest)]) == 0
+            shown = capsys.readouterr().out.splitlines()
+            got, _ = checking.recompute(dataclasses.replace(load(dest), status="supporting"))
+            served = next(x for x in shown if x.startswith("  s1:served:"))
+            assert f"gold log-prob {got['s1:served']['gold_logprob']:.3f}" in served
+            assert f"EM {got['s1:served']['em']:.1f}" in served
+            assert any(x.startswith("  not computed: pair 's1:bm25 " + pooled) and "s2" in x for x in shown)
     assert d["status"] == "supporting" and d["tests"] == decl["tests"]
     assert checking.check(dest) == []
     got, _ = checking.recompute(load(dest))
