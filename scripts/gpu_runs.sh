@@ -1,9 +1,10 @@
 #!/bin/bash
 # On a lent GPU machine (docs/development.md), from the repository root: join the pieces scripts/gpu_payload.sh cut
 # (.gpu/x*/p.*, carried one call at a time and gathered in $S), install the wheels beside the machine's own torch,
-# start the runs in their own process session (they outlive this call), wait up to $LIMIT seconds, then pack every
-# run's folder without its weights and caches into $OUT/runs.tgz. A later call with the same RUNS waits on and packs
-# again; runs resume stage by stage as `epr run` always does. RUNS: `epr run` arguments, one run per `;`:
+# start the runs in their own process session (they outlive this call), wait up to $LIMIT seconds, then pack each
+# run's folder without its weights and caches into $OUT/run-<name>.tgz and the logs into $OUT/runs.tgz. A later
+# call with the same RUNS waits on and packs again; runs resume stage by stage as `epr run` always does. RUNS:
+# `epr run` arguments, one run per `;`:
 #
 #     RUNS="-c configs/mtop.yaml --set candidates.num_queries=8000 --set name=mtop-8000-gpu" \
 #         LIMIT=540 bash scripts/gpu_runs.sh
@@ -84,9 +85,18 @@ while [ $SECONDS -lt $end ] && [ "$(ended)" -lt "${#lanes[@]}" ]; do sleep ${POL
 [ "$(ended)" -eq "${#lanes[@]}" ] && touch "$R/done"
 ls "$R"; for f in "$R"/*.log; do echo "== $f"; tail -c 1500 "$f" | tr '\r' '\n' | tail -12; done
 if [ -n "${OUT:-}" ]; then
-  tar czf "$OUT/runs.tgz" --exclude='*.safetensors' --exclude='*.npy' --exclude='*.bin' --exclude='*.faiss' \
-    --exclude='*/parts/*' --exclude=pool.jsonl --exclude=tokenizer.json --exclude=vocab.txt --exclude=.cache \
-    -C "$(dirname "$R")" "$(basename "$R")"
+  # one file per run (the device returns a file of at most 16 MiB: three 8,000-label runs in one were 24 MB and did
+  # not come back), and the logs; each unpacks as $(basename $R)/...
+  tar czf "$OUT/runs.tgz" -C "$(dirname "$R")" --no-recursion $(cd "$(dirname "$R")" && find "$(basename "$R")" -maxdepth 1 -type f)
+  for d in "$R"/*/; do
+    n=$(basename "$d"); [ "$n" = .cache ] && continue
+    tar czf "$OUT/run-$n.tgz" --exclude='*.safetensors' --exclude='*.npy' --exclude='*.bin' --exclude='*.faiss' \
+      --exclude='*/parts/*' --exclude=pool.jsonl --exclude=tokenizer.json --exclude=vocab.txt \
+      -C "$(dirname "$R")" "$(basename "$R")/$n"
+  done
+  for f in "$OUT"/*.tgz; do
+    [ "$(stat -c %s "$f")" -le $((16 * 1024 * 1024)) ] || echo "gpu_runs: $f is over the 16 MiB a file the device returns"
+  done
   if [ -d "$R/.cache/scores" ]; then  # every LM score so far, for a later lease's IMPORT (a lease ends the machine)
     skip=(); for f in ${IMPORT:-}; do skip+=(--skip "$f"); done  # what earlier leases' files carry already
     $PY -m epr.cli cache export "$OUT/scores.json.gz" "${skip[@]}" --set run_root="$R" > "$R/export.log" 2>&1 \

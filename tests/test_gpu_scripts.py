@@ -142,6 +142,9 @@ def test_scores_move_between_leases_import_before_the_runs_and_export_at_packing
     (tmp_path / "t" / "site.ok").touch()
     R, out = tmp_path / "runs", tmp_path / "out"
     (R / ".cache" / "scores").mkdir(parents=True)
+    (R / "a" / "evaluate").mkdir(parents=True)  # a run's folder, with its weights
+    (R / "a" / "evaluate" / "results.md").write_text("rows")
+    (R / "a" / "model.safetensors").write_bytes(b"0" * 1000)
     out.mkdir()
     env = {**os.environ, "PY": f"{sys.executable} {tmp_path / 'stub.py'}", "S": str(tmp_path / "s"),
            "T": str(tmp_path / "t"), "R": str(R), "LIMIT": "30", "POLL": "0.2", "RUNS": "--name a",
@@ -155,7 +158,16 @@ def test_scores_move_between_leases_import_before_the_runs_and_export_at_packing
     # the export carries what the imported files do not: every earlier lease's file is imported next time
     assert calls[-1][3:7] == ["--skip", "one.json.gz", "--skip", "two.json.gz"]
     assert all(f"run_root={R}" in c for c in calls)
-    assert (out / "runs.tgz").exists()
+    # one file per run without its weights (a file the device returns is at most 16 MiB), the logs in runs.tgz
+    import tarfile
+
+    with tarfile.open(out / "run-a.tgz") as f:
+        assert sorted(f.getnames()) == ["runs/a", "runs/a/evaluate", "runs/a/evaluate/results.md"]
+    with tarfile.open(out / "runs.tgz") as f:
+        names = f.getnames()
+    assert "runs/0.log" in names and "runs/started" in names
+    assert not [n for n in names if n.startswith(("runs/a", "runs/.cache"))]
+    assert sorted(p.name for p in out.glob("*.tgz")) == ["run-a.tgz", "runs.tgz"]  # not the score cache
 
     (tmp_path / "stub.py.jsonl").unlink()
     env |= {"R": str(tmp_path / "runs2"), "IMPORT": "bad.json.gz"}

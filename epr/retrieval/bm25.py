@@ -45,6 +45,24 @@ def _topk_with_ties(scores: np.ndarray, k: int, exclude: int) -> tuple[np.ndarra
     return ids.astype(np.int64), scores[ids].astype(np.float32)
 
 
+def _import_bm25s():
+    """``bm25s``, imported without its side effects. Where jax is installed, bm25s runs one ``jax.lax.top_k`` at
+    import: that starts jax's default backend, and on a GPU jax then takes 75% of its memory at once (on a lent
+    H200, 112 of 140 GB: a second run beside it failed out of memory). Unless the application set it or started
+    jax itself, jax allocates as it needs (``XLA_PYTHON_CLIENT_PREALLOCATE=false``). And bm25s forces DEBUG on its
+    logger at import: its records follow the application's level instead."""
+    import os
+    import sys
+
+    if "jax" not in sys.modules:
+        os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    import bm25s
+
+    if logging.getLogger("bm25s").level == logging.DEBUG:
+        logging.getLogger("bm25s").setLevel(logging.NOTSET)
+    return bm25s
+
+
 class BM25Index:
     """BM25 over a corpus of texts. ``search`` returns ``(n_queries, k) int64`` ids and ``float32`` scores,
     best first, ties broken by id; ``exclude[i]`` is an id that query ``i`` must not get back (or -1)."""
@@ -60,14 +78,7 @@ class BM25Index:
 
             self._bm = BM25Okapi(toks, k1=K1, b=B, epsilon=0.0)
         elif backend == "bm25s":
-            import bm25s
-
-            if (
-                logging.getLogger("bm25s").level == logging.DEBUG
-            ):  # bm25s forces DEBUG on its logger at import:
-                logging.getLogger("bm25s").setLevel(
-                    logging.NOTSET
-                )  # its records follow the application's level
+            bm25s = _import_bm25s()
             self._bm = bm25s.BM25(method="robertson", k1=K1, b=B)
             self._bm.index(toks, show_progress=False)
             self._vocab = self._bm.vocab_dict

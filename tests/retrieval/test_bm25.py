@@ -74,3 +74,23 @@ def test_bm25s_debug_records_follow_the_applications_level():
         root.removeHandler(h)
         root.setLevel(old)
     assert not [r for r in seen if r.name.startswith("bm25s") and r.levelno < logging.INFO]
+
+
+@pytest.mark.parametrize("preset", [None, "true"])
+def test_bm25s_import_does_not_let_jax_take_the_gpu(preset):
+    """bm25s runs a jax top-k at import where jax is installed, and jax then preallocates 75% of a GPU's memory
+    (on a lent H200 a second run beside it failed out of memory): a fresh process that builds a bm25s index gets
+    ``XLA_PYTHON_CLIENT_PREALLOCATE=false``, unless the application set the variable itself."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "XLA_PYTHON_CLIENT_PREALLOCATE"}
+    if preset is not None:
+        env["XLA_PYTHON_CLIENT_PREALLOCATE"] = preset
+    code = (
+        "import os; from epr.retrieval.bm25 import BM25Index; BM25Index(['a b', 'c d'], 'bm25s'); "
+        "print(os.environ.get('XLA_PYTHON_CLIENT_PREALLOCATE'))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == (preset or "false")
