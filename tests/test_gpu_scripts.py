@@ -196,3 +196,47 @@ def test_barriers_refused_where_nothing_makes_their_files_and_bounded_in_time(tm
     end = {e["name"]: e["end"] for e in events if "end" in e}
     assert start["c"] < end["slow"]  # released by AFTER_MAX, not by the slow lane's end
     assert f"waiting for {tmp_path}/never" in (tmp_path / "runs" / "driver1.log").read_text()
+
+
+def test_the_queue_imports_the_earlier_lease_and_passes_each_planned_run_whole(tmp_path):
+    """scripts/gpu_queue.sh, the next lease's one call: the earlier lease's scores go in first, then every queued run
+    reaches ``epr run`` with its arguments as its plan writes them (a list setting is one argument, its brackets
+    and commas intact), the MTOP seed and the two tasks' arms as three lanes, each in its plan's order."""
+    import json
+    import shlex
+
+    (tmp_path / "stub.py").write_text(CACHE_STUB)
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "site.ok").touch()
+    env = {**os.environ, "PY": f"{sys.executable} {tmp_path / 'stub.py'}", "S": str(tmp_path / "s"),
+           "T": str(tmp_path / "t"), "R": str(tmp_path / "runs"), "LIMIT": "30", "POLL": "0.2"}  # fmt: skip
+    for k in ("OUT", "RUNS", "IMPORT", "DRY_RUN"):
+        env.pop(k, None)
+    queue = str(ROOT / "scripts" / "gpu_queue.sh")
+    planned = subprocess.run(
+        ["bash", queue], env={**env, "DRY_RUN": "1"}, capture_output=True, text=True
+    ).stdout
+    imports, *runs = planned.splitlines()
+    assert imports == "IMPORT=results/mtop-8000-locked/scores-h200.json.gz"
+    assert (ROOT / imports.split("=")[1]).exists()
+    res = subprocess.run(["bash", queue], env=env, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    calls = [json.loads(x) for x in (tmp_path / "stub.py.jsonl").read_text().splitlines()]
+    assert calls[0][:3] == ["cache", "import", "results/mtop-8000-locked/scores-h200.json.gz"]
+    got = [c[1:-4] for c in calls[1:]]  # each run's own arguments, without the run root and the data dir
+    assert sorted(got) == sorted(shlex.split(r) for r in runs) and len(runs) == 9
+    assert ["--set", "retrieve.retrievers=[bm25,sbert,epr,hybrid,lm-oracle]"] == got[
+        [a[-1] for a in got].index("name=smc-1000")
+    ][2:4]
+    names = [
+        a[-1].removeprefix("name=") for a in got
+    ]  # in the order they started: each lane in its plan's order
+    assert [n for n in names if n.startswith("smc")] == [
+        "smc-1000",
+        "smc-1000-mpnet",
+        "smc-2000",
+        "smc-4000",
+        "smc-8000",
+    ]
+    assert [n for n in names if n.startswith("break")] == ["break-2000", "break-2000-mpnet", "break-4000"]
+    assert "mtop-8000-locked-s2" in names
