@@ -60,8 +60,39 @@ def run(ctx, args: argparse.Namespace) -> int:
             sys.stdout.write(f"exported {n} scores of {root / store}\n")
         sys.stdout.write(f"wrote {args.file} (epr cache import {args.file} on the other machine)\n")
         return 0
-    for store, c in import_scores(root, args.file).items():
+    got = import_scores(root, args.file)
+    for store, c in got.items():
         sys.stdout.write(
             f"{root / store}: {c['added']} added, {c['kept']} already held, {c['conflicts']} conflicts\n"
         )
+    for line in unread_stores(root, list(got), [scoring_key(ctx.cfg), scoring_key(ctx.cfg, inference=True)]):
+        sys.stdout.write(line + "\n")
     return 0
+
+
+def unread_stores(root: Path, stores: list[str], mine: list[dict]) -> list[str]:
+    """A note for each imported store that no run of this config reads: its key is neither this config's scoring
+    LM's nor its inference LM's on this machine (another device, dtype or batch layout: bf16 scores depend on
+    them), with the fields that differ, so an import that will not save any LM work says so instead of passing
+    silently."""
+    import json
+
+    from epr.lm.score_cache import ScoreCache
+
+    here = {ScoreCache(root, k).dir.name: k for k in mine}
+    out = []
+    for store in stores:
+        if store in here:
+            continue
+        key = json.loads((root / store / "KEY.json").read_text(encoding="utf-8"))
+        near = min(mine, key=lambda k: sum(k.get(f) != key.get(f) for f in set(k) | set(key)))
+        diff = ", ".join(
+            f"{f} {key.get(f)!r} there, {near.get(f)!r} here"
+            for f in sorted(set(near) | set(key))
+            if near.get(f) != key.get(f)
+        )
+        out.append(
+            f"note: this config's runs will not read {root / store} ({diff}): a score is served only to the "
+            "computation that made it (epr.lm.factory.scoring_key): a run with those settings, on such a device, reads it"
+        )
+    return out

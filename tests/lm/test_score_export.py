@@ -199,3 +199,26 @@ def test_this_run_exports_exactly_the_runs_pairs(tmp_path, tiny_task_files, tiny
     score_cache(b.cfg).put(["x"], ["y"], [-1.0], "t")
     assert cli(tmp_path / "b", tiny_task_files, tiny_lm_dir, "cache", "export", str(f), "--this-run") == 2
     assert "pairs are not scored yet" in capsys.readouterr().err
+
+
+def test_an_import_no_run_of_this_config_reads_says_what_differs(tmp_path, capsys):
+    """Scores made on another device (a lent GPU's bf16) go into their own store, which a CPU run never reads: the
+    import says so and names the differing fields; a store this config reads gets no note."""
+    from epr.config import load_config
+    from epr.lm.factory import scoring_key
+
+    run_root = tmp_path / "r"
+    cfg = load_config((), [f"run_root={run_root}"])
+    mine = scoring_key(cfg)
+    gpu = {**mine, "device": "cuda", "dtype": "bf16", "batch_tokens": 65536, "prefix_share": True}
+    src = tmp_path / "src"
+    ScoreCache(src, gpu).put(["x"], ["1"], [-1.0], "t")
+    ScoreCache(src, mine).put(["x"], ["1"], [-1.1], "t")
+    f = tmp_path / "both.json.gz"
+    export_scores(src, f)
+    assert main(["cache", "import", str(f), "--set", f"run_root={run_root}"]) == 0
+    out = capsys.readouterr().out
+    notes = [x for x in out.splitlines() if x.startswith("note:")]
+    assert len(notes) == 1 and ScoreCache(run_root / ".cache" / "scores", gpu).dir.name in notes[0]
+    assert "device 'cuda' there, 'cpu' here" in notes[0]
+    assert ScoreCache(run_root / ".cache" / "scores", mine).dir.name not in notes[0]
