@@ -14,6 +14,9 @@
 #   1. results/mtop-8000-locked (PLAN amendment 3): seed 2, whole on the GPU, round 1's labels imported.
 #   2. results/smcalflow-recipe-choices (PLAN amendment 3): A, E, B, C, D.
 #   3. results/break-recipe-choices (PLAN amendment 3): A, E, B.
+# The three lanes share the GPU. Each scoring process held about 5 GB on the H200 once jax no longer preallocated
+# (e1e7154); three side by side on an 80 GB H100 are untried: a lane that fails (its number in $R/failed, its log
+# $R/<k>.log) ends alone, and the same command in the next call resumes it.
 set -euo pipefail  # lower-case names here: gpu_runs.sh reads S, T, R, PY from the environment
 cd "$(dirname "$0")/.."
 mtop='-c configs/mtop.yaml --set candidates.num_queries=8000 --set data.eval_part=locked'
@@ -26,7 +29,7 @@ lane2="$smc $oracle --set name=smc-1000;$smc $mpnet --set name=smc-1000-mpnet"
 for n in 2000 4000 8000; do lane2+=";$smc --set candidates.num_queries=$n --set name=smc-$n"; done
 lane3="$brk $oracle --set name=break-2000;$brk $mpnet --set name=break-2000-mpnet"
 lane3+=";$brk --set candidates.num_queries=4000 --set name=break-4000"
-export IMPORT="${IMPORT:-results/mtop-8000-locked/scores-h200.json.gz}"
+export IMPORT="${IMPORT-results/mtop-8000-locked/scores-h200.json.gz}"  # IMPORT= imports none
 export RUNS="${RUNS:-$lane1|$lane2|$lane3}"
 if [ "${DRY_RUN:-0}" = 1 ]; then echo "IMPORT=$IMPORT"; tr '|;' '\n\n' <<< "$RUNS"; exit 0; fi
 exec bash scripts/gpu_runs.sh

@@ -31,8 +31,8 @@
 set -u
 PY=${PY:-python3}; S=${S:-/tmp/s}; T=${T:-/tmp}; R=${R:-/tmp/runs}; LIMIT=${LIMIT:-540}
 mkdir -p "$S" "$R"
-cp .gpu/x*/p.* "$S/" 2>/dev/null
 if [ ! -f "$T/site.ok" ]; then
+  cp .gpu/x*/p.* "$S/" 2>/dev/null  # this call's piece, beside the earlier calls' (once installed, not again)
   (cd "$T" && cat "$S"/p.* > payload.tar && echo "$(cat "$OLDPWD/.gpu/payload.sha256")  payload.tar" | sha256sum -c - \
     && tar xf payload.tar && rm payload.tar) || { echo "gpu_runs: the payload is incomplete or corrupt"; exit 3; }
   $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$T/site" \
@@ -85,18 +85,6 @@ while [ $SECONDS -lt $end ] && [ "$(ended)" -lt "${#lanes[@]}" ]; do sleep ${POL
 [ "$(ended)" -eq "${#lanes[@]}" ] && touch "$R/done"
 ls "$R"; for f in "$R"/*.log; do echo "== $f"; tail -c 1500 "$f" | tr '\r' '\n' | tail -12; done
 if [ -n "${OUT:-}" ]; then
-  # one file per run (the device returns a file of at most 16 MiB: three 8,000-label runs in one were 24 MB and did
-  # not come back), and the logs; each unpacks as $(basename $R)/...
-  tar czf "$OUT/runs.tgz" -C "$(dirname "$R")" --no-recursion $(cd "$(dirname "$R")" && find "$(basename "$R")" -maxdepth 1 -type f)
-  for d in "$R"/*/; do
-    n=$(basename "$d"); [ "$n" = .cache ] && continue
-    tar czf "$OUT/run-$n.tgz" --exclude='*.safetensors' --exclude='*.npy' --exclude='*.bin' --exclude='*.faiss' \
-      --exclude='*/parts/*' --exclude=pool.jsonl --exclude=tokenizer.json --exclude=vocab.txt \
-      -C "$(dirname "$R")" "$(basename "$R")/$n"
-  done
-  for f in "$OUT"/*.tgz; do
-    [ "$(stat -c %s "$f")" -le $((16 * 1024 * 1024)) ] || echo "gpu_runs: $f is over the 16 MiB a file the device returns"
-  done
   if [ -d "$R/.cache/scores" ]; then  # every LM score so far, for a later lease's IMPORT (a lease ends the machine)
     skip=(); for f in ${IMPORT:-}; do skip+=(--skip "$f"); done  # what earlier leases' files carry already
     $PY -m epr.cli cache export "$OUT/scores.json.gz" "${skip[@]}" --set run_root="$R" > "$R/export.log" 2>&1 \
@@ -104,5 +92,19 @@ if [ -n "${OUT:-}" ]; then
     [ "$(stat -c %s "$OUT/scores.json.gz" 2>/dev/null || echo 0)" -le $((16 * 1024 * 1024)) ] \
       || echo "gpu_runs: scores.json.gz is over the 16 MiB a file the device returns: it will not come back"
   fi
+  # one file per run (the device returns a file of at most 16 MiB: three 8,000-label runs in one were 24 MB and did
+  # not come back), and the run root's own files (logs, markers) after the export, so its log is this call's
+  for d in "$R"/*/; do  # the glob leaves out .cache (the score cache: exported above)
+    [ -d "$d" ] || continue  # no run folder yet
+    n=$(basename "$d")
+    tar czf "$OUT/run-$n.tgz" --exclude='*.safetensors' --exclude='*.npy' --exclude='*.bin' --exclude='*.faiss' \
+      --exclude='*/parts/*' --exclude=pool.jsonl --exclude=tokenizer.json --exclude=vocab.txt --exclude=.cache \
+      -C "$(dirname "$R")" "$(basename "$R")/$n"
+  done
+  (cd "$(dirname "$R")" && find "$(basename "$R")" -maxdepth 1 -type f -print0) \
+    | tar czf "$OUT/runs.tgz" -C "$(dirname "$R")" --null --no-recursion -T -
+  for f in "$OUT"/*.tgz; do
+    [ "$(stat -c %s "$f")" -le $((16 * 1024 * 1024)) ] || echo "gpu_runs: $f is over the 16 MiB a file the device returns"
+  done
   ls -la "$OUT"
 fi

@@ -20,7 +20,7 @@ from epr.reports.curve_rows import rows_from_dir
 from epr.reports.served import served_report
 from epr.reports.stats import gap_fraction_ci, paired_gain
 
-__all__ = ["recompute", "check", "check_all", "row_name", "folders", "lookup"]
+__all__ = ["recompute", "check", "check_all", "show", "row_name", "folders", "lookup"]
 
 SKIP_KEYS = {"train_seconds_or_eval_seconds"}  # what a redraw does not recompute (wall time)
 
@@ -286,38 +286,46 @@ def check_all(results: Path) -> dict[str, list[str]]:
 
 
 def show(folder: Path) -> list[str]:
-    """A folder's rows as ``epr experiment check`` recomputes them, one line each, for reading: each side's mean
-    gold log-prob, exact match and gap share; each pair's paired gain and p-values. A planned folder shows the rows
-    of the runs recorded so far (its pairs whose runs are not in yet are named as such), so a pre-registered look
-    whose seeds come in one by one can be read before its tests all compute."""
+    """A folder's rows as ``epr experiment check`` recomputes them, one line each, for reading: each row's mean gold
+    log-prob, exact match, gap share and pooled seeds where it has them; each pair's paired gain and p-values; any
+    other row as its JSON. A planned folder shows the rows of the runs recorded so far, and names what cannot be
+    computed yet (a pair whose runs are not in), so a pre-registered look whose seeds come in one by one can be
+    read before its tests all compute."""
     exp = load(folder)
-    got, problems = recompute(dataclasses.replace(exp, status="supporting"))
+    try:
+        got, problems = recompute(exp)
+    except (OSError, ValueError) as e:  # a curve or run folder whose rows are not all there
+        got, problems = {}, [str(e)]
 
     def ci(v: Any) -> str:
         return f" ({v[0]:.2f} to {v[1]:.2f})" if isinstance(v, list) and len(v) == 2 else ""
 
+    def num(r: Mapping, k: str) -> bool:
+        return isinstance(r.get(k), (int, float)) and not isinstance(r.get(k), bool)
+
     lines = [f"{exp.name} ({exp.status}, {exp.kind}, {exp.dataset} {exp.split}):"]
     for name, r in got.items():
-        if "gain" in r:  # a pair in gold log-prob
+        if num(r, "gain"):  # a pair in gold log-prob
             lines.append(
-                f"  {name}: n {r['n']}, gain {r['gain']:+.3f} nats{ci(r.get('gain_ci'))}, "
-                f"Wilcoxon p = {r['p_wilcoxon']:.2g}"
+                f"  {name}: n {r.get('n')}, gain {r['gain']:+.3f} nats{ci(r.get('gain_ci'))}, "
+                f"Wilcoxon p = {r.get('p_wilcoxon', float('nan')):.2g}"
             )
-        elif "p_mcnemar" in r:  # a pair in the paper's metric
+        elif num(r, "p_mcnemar"):  # a pair in the paper's metric
             lines.append(
                 f"  {name}: EM {r['em_a']:.1f} vs {r['em_b']:.1f} (only A {r['only_a']}, only B {r['only_b']}), "
                 f"McNemar p = {r['p_mcnemar']:.2g}"
             )
-        elif "gold_logprob" in r and isinstance(r["gold_logprob"], (int, float)):  # a side
-            em = f", EM {r['em']:.1f}" if "em" in r else ""
+        elif num(r, "gold_logprob"):  # a row
+            n = f"n {r['n']}, " if "n" in r else ""
+            em = f", EM {r['em']:.1f}" if num(r, "em") else ""
             gap = lookup(r, "oracle_gap_captured.gold_logprob")
             share = (
                 f", gap share {gap:.2f}{ci(lookup(r, 'oracle_gap_captured_ci.gold_logprob'))}"
-                if gap is not None
+                if isinstance(gap, (int, float))
                 else ""
             )
-            seeds = f", {r['seeds']} seeds pooled" if "seeds" in r else ""
-            lines.append(f"  {name}: n {r['n']}, gold log-prob {r['gold_logprob']:.3f}{em}{share}{seeds}")
+            seeds = f", {r['seeds']} seeds pooled" if num(r, "seeds") and r["seeds"] > 1 else ""
+            lines.append(f"  {name}: {n}gold log-prob {r['gold_logprob']:.3f}{em}{share}{seeds}")
         else:
             lines.append(f"  {name}: {json.dumps(r, default=str)[:200]}")
     lines += [f"  not computed: {p}" for p in problems]

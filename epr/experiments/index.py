@@ -262,9 +262,16 @@ END = "<!-- end of the generated part: what follows is written by hand -->"
 
 
 def _recorded(e: Experiment) -> str:
-    """How far a planned look has come: the runs recorded into it so far (``--as NAME``), or not run yet."""
-    rows = sorted((e.folder / "rows").glob("per_query-*.jsonl.gz"))
-    names = [p.name[len("per_query-") : -len(".jsonl.gz")] for p in rows]
+    """How far a planned look has come: the runs recorded into it so far (a slices folder's ``--as NAME`` sides,
+    in the order of its declared seeds), or not run yet."""
+    if e.kind != "slices":
+        return "not run yet"
+    names = [
+        p.name[len("per_query-") : -len(".jsonl.gz")]
+        for p in (e.folder / "rows").glob("per_query-*.jsonl.gz")
+    ]
+    order = [f"s{s}" for s in e.seeds or ()]
+    names.sort(key=lambda n: (order.index(n) if n in order else len(order), n))
     return f"recorded so far: {', '.join(names)}" if names else "not run yet"
 
 

@@ -47,17 +47,21 @@ def _topk_with_ties(scores: np.ndarray, k: int, exclude: int) -> tuple[np.ndarra
 
 def _import_bm25s():
     """``bm25s``, imported without its side effects. Where jax is installed, bm25s runs one ``jax.lax.top_k`` at
-    import: that starts jax's default backend, and on a GPU jax then takes 75% of its memory at once (on a lent
-    H200, 112 of 140 GB: a second run beside it failed out of memory). Unless the application set it or started
-    jax itself, jax allocates as it needs (``XLA_PYTHON_CLIENT_PREALLOCATE=false``). And bm25s forces DEBUG on its
-    logger at import: its records follow the application's level instead."""
-    import os
+    import, which starts jax's default backend: on a GPU jax then takes 75% of its memory at once (on a lent H200,
+    112 of 140 GB in one run's process, and the runs beside it failed). epr uses bm25s's scores only, never its
+    jax top-k, so unless the application has imported jax itself, bm25s is imported as if jax were absent (it falls
+    back to numpy) and jax is importable again afterwards. And bm25s forces DEBUG on its logger at import: its
+    records follow the application's level instead."""
     import sys
 
-    if "jax" not in sys.modules:
-        os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
-    import bm25s
-
+    hide = "jax" not in sys.modules
+    if hide:
+        sys.modules["jax"] = None  # `import jax.lax` raises ImportError
+    try:
+        import bm25s
+    finally:
+        if hide and "jax" in sys.modules and sys.modules["jax"] is None:
+            del sys.modules["jax"]
     if logging.getLogger("bm25s").level == logging.DEBUG:
         logging.getLogger("bm25s").setLevel(logging.NOTSET)
     return bm25s
