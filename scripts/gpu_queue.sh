@@ -14,9 +14,10 @@
 #   1. results/mtop-8000-locked (PLAN amendment 3): seed 2, whole on the GPU, round 1's labels imported.
 #   2. results/smcalflow-recipe-choices (PLAN amendment 3): A, E, B, C, D.
 #   3. results/break-recipe-choices (PLAN amendment 3): A, E, B.
-# The three lanes share the GPU. Each scoring process held about 5 GB on the H200 once jax stayed off
-# the GPU (cfefc1b); three side by side on an 80 GB H100 are untried: a lane that fails (its number in $R/failed, its log
-# $R/<k>.log) ends alone, and the same command in the next call resumes it.
+# The three lanes share the GPU. On the H200 a scoring process's torch reserved about 5 GB (its scores log says);
+# what filled the GPU was jax, which bm25s started at import, now kept off it (cfefc1b). Three lanes side by side
+# on an 80 GB H100 are untried: a lane that fails (its number in $R/failed, its log $R/<k>.log) ends alone, and the
+# same command in the next call resumes it.
 set -euo pipefail  # lower-case names here: gpu_runs.sh reads S, T, R, PY from the environment
 cd "$(dirname "$0")/.."
 mtop='-c configs/mtop.yaml --set candidates.num_queries=8000 --set data.eval_part=locked'
