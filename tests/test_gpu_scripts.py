@@ -201,7 +201,7 @@ def test_barriers_refused_where_nothing_makes_their_files_and_bounded_in_time(tm
 def test_the_queue_imports_the_earlier_lease_and_passes_each_planned_run_whole(tmp_path):
     """scripts/gpu_queue.sh, the next lease's one call: the earlier lease's scores go in first, then every queued run
     reaches ``epr run`` with its arguments as its plan writes them (a list setting is one argument, its brackets
-    and commas intact), the MTOP seed and the two tasks' arms as three lanes, each in its plan's order."""
+    and commas intact), the MTOP seed, the two tasks' arms and MTOP's encoder trial as four lanes, each in its plan's order."""
     import json
     import shlex
 
@@ -224,7 +224,7 @@ def test_the_queue_imports_the_earlier_lease_and_passes_each_planned_run_whole(t
     calls = [json.loads(x) for x in (tmp_path / "stub.py.jsonl").read_text().splitlines()]
     assert calls[0][:3] == ["cache", "import", "results/mtop-8000-locked/scores-h200.json.gz"]
     got = [c[1:-4] for c in calls[1:]]  # each run's own arguments, without the run root and the data dir
-    assert sorted(got) == sorted(shlex.split(r) for r in runs) and len(runs) == 9
+    assert sorted(got) == sorted(shlex.split(r) for r in runs) and len(runs) == 11
     assert ["--set", "retrieve.retrievers=[bm25,sbert,epr,hybrid,lm-oracle]"] == got[
         [a[-1] for a in got].index("name=smc-1000")
     ][2:4]
@@ -240,3 +240,4 @@ def test_the_queue_imports_the_earlier_lease_and_passes_each_planned_run_whole(t
     ]
     assert [n for n in names if n.startswith("break")] == ["break-2000", "break-2000-mpnet", "break-4000"]
     assert "mtop-8000-locked-s2" in names
+    assert [n for n in names if n in ("mtop-8000", "mtop-8000-mpnet")] == ["mtop-8000", "mtop-8000-mpnet"]
