@@ -4,6 +4,8 @@
     python -m benchmarks.recipe --set models.dtype=fp32 --import-scores results/mtop-curve/labels-smollm2-fp32.json.gz
     python -m benchmarks.recipe --from-run runs/mtop -c configs/mtop.yaml   # the table of a run already made
     python -m benchmarks.recipe --redraw benchmarks/results/recipe-mtop-default-recipe-zen4.json  # table only
+    python -m benchmarks.recipe --from-run RUN -c configs/mtop.yaml --set ... \
+        --ran-on benchmarks/results/gpu-stages-nvidia-h200.json   # a run made on a lent GPU, read here
 
 Runs ``epr run`` (every round, ``select``, the comparison) in a subprocess from an empty run root (``--run-root``,
 default ``runs-bench``), then reads every stage's manifest, the earlier rounds' included: its wall time and its work
@@ -64,7 +66,9 @@ def table(rows: list[dict], info: dict) -> str:
     lines = [
         f"# The default recipe, stage by stage ({info['command']})",
         "",
-        f"Machine: {info['machine']}. Measured in the same run: matmul peak {info['peak_fp32']:.2f} TFLOP/s fp32, "
+        f"Machine: {info['machine']}. "
+        + ("The GPU's" if info.get("ran_on") else "Measured in the same run:")
+        + f" matmul peak {info['peak_fp32']:.2f} TFLOP/s fp32, "
         f"{info['peak_bf16']:.2f} bf16; read bandwidth {info['bandwidth_gbps']:.1f} GB/s. Peak RSS "
         + (
             f"{info['peak_rss_mb']:.0f} MB."
@@ -119,6 +123,13 @@ def table(rows: list[dict], info: dict) -> str:
             )
         lines.append("")
     for g in info.get("gpu_estimates", []):
+        if info.get("ran_on"):
+            lines += [
+                f"**Measured against estimated**: on the GPU the stages took {total / 60:.1f} min; the estimate "
+                f"below, from the benchmark of its kind of GPU, says {g['total_s'] / 60:.1f} min. Its 'here' is the "
+                "GPU run itself (the stages off the LM path keep their measured time).",
+                "",
+            ]
         lines += [
             f"**Estimated, not measured: on one {g['device_name']}**, the counted work at the rates "
             f"`benchmarks.gpu_stages` measured there (random-init models of the same shapes; GPU sizes: "
@@ -144,6 +155,12 @@ def add_estimates(rows: list[dict], info: dict) -> None:
     from benchmarks.common import RESULTS
     from benchmarks.recipe_work import estimate, gpu_estimate
 
+    if info.get(
+        "ran_on"
+    ):  # a GPU's run: the estimate from that GPU's benchmark, beside what the run measured
+        ran_on = RESULTS / Path(info["ran_on"]).name  # a committed benchmarks.gpu_stages result
+        info["gpu_estimates"] = [gpu_estimate(rows, json.loads(ran_on.read_text()))]
+        return
     if "Zen 4" in info["machine"]:
         info["estimates"] = estimate(rows, RESULTS)
     info["gpu_estimates"] = [
@@ -163,6 +180,11 @@ def main() -> None:
     ap.add_argument("--name", default=None, help="result file name (default: the config's name)")
     ap.add_argument(
         "--raw", help="with --from-run: the raw JSON of the benchmark that made the run (its wall time, RSS)"
+    )
+    ap.add_argument(
+        "--ran-on",
+        help="with --from-run: the run was made on another machine, a GPU's; this benchmarks.gpu_stages JSON of that "
+        "kind of machine describes it and gives its peaks, and its estimate is set beside the measured stages",
     )
     ap.add_argument("--redraw", help="a raw JSON of this benchmark: its table again, estimates anew (no run)")
     a = ap.parse_args()
@@ -207,6 +229,17 @@ def main() -> None:
         "wall_s": wall,
         "from_run": bool(a.from_run),
     }
+    if a.from_run and a.ran_on:  # made on a lent GPU: that machine's figures, not this one's
+        gpu = json.loads(Path(a.ran_on).read_text())
+        info.update(
+            machine=f"{gpu['device_name']} (lent; the run was read here from its folder; the peaks are "
+            f"{Path(a.ran_on).name}'s, {describe(gpu['machine'])})",
+            peak_fp32=gpu["peak_tflops"]["fp32"],
+            peak_bf16=gpu["peak_tflops"]["bf16"],
+            bandwidth_gbps=gpu["copy_gbps"],
+            peak_rss_mb=None,
+            ran_on=a.ran_on,
+        )
     if a.from_run and a.raw:
         first = json.loads(Path(a.raw).read_text())["info"]
         info.update(

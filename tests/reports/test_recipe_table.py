@@ -161,3 +161,24 @@ def test_gpu_estimate_reads_the_committed_gpu_run():
     for f in GPU_RESULTS:
         e = gpu_estimate(recipe["stages"], json.loads((RESULTS / f).read_text()))
         assert 0 < e["lm_and_training_s"] < e["total_s"] < sum(r["seconds"] for r in recipe["stages"])
+
+
+def test_a_gpu_run_read_here_redraws_to_its_committed_table():
+    """The 8,000-label recipe run on a lent H200, read here with ``--ran-on`` that GPU's benchmark: its committed
+    table is what its raw JSON redraws to (the GPU's description and peaks, the measured total against the estimate
+    from the same benchmark), and its stages' total is the run's measured 6.4 minutes."""
+    from benchmarks.common import RESULTS
+    from benchmarks.recipe import add_estimates
+
+    raw = json.loads((RESULTS / "recipe-mtop-8000-locked-s42-h200.json").read_text())
+    info = {k: v for k, v in raw["info"].items() if k not in ("estimates", "gpu_estimates")}
+    add_estimates(raw["stages"], info)
+    assert "estimates" not in info and len(info["gpu_estimates"]) == 1  # no CPU's estimate for a GPU's run
+    md = table(raw["stages"], info)
+    assert (
+        md + "\n" == (RESULTS / "recipe-mtop-8000-locked-s42-h200.md").read_text()
+        or md == (RESULTS / "recipe-mtop-8000-locked-s42-h200.md").read_text()
+    )
+    assert "NVIDIA H200 (lent" in md and "The GPU's matmul peak 51.15 TFLOP/s fp32, 663.48 bf16" in md
+    assert "on the GPU the stages took 6.4 min" in md
+    assert sum(r["seconds"] for r in raw["stages"]) == pytest.approx(6.4 * 60, abs=3)
