@@ -49,6 +49,8 @@ def stage_rows(run_dir: Path) -> list[dict]:
             speed = m.get("scoring_speed")
             if speed:
                 work["scored_here"] = speed.get("scored_here")
+                # where the scoring loop's time went (pairs prepared, the LM's calls, the store), when logged
+                work |= {f"{k}_s": v for k, v in (speed.get("seconds_by_part") or {}).items()}
             rows.append(
                 {
                     "stage": prefix + m["stage"],
@@ -101,8 +103,13 @@ def table(rows: list[dict], info: dict) -> str:
         "the prompt + gold tokens prefilled and the tokens generated (decoding is bound by reading the weights, not by "
         "FLOPs: its bound is `benchmarks.generate`'s).",
         "",
-        f"Stages' total: {total / 60:.1f} min ({verdict} the 45-minute bar); wall time of the command: "
-        f"{info['wall_s'] / 60:.1f} min (model loading and start-up between stages included).",
+        f"Stages' total: {total / 60:.1f} min ({verdict} the 45-minute bar); "
+        + (
+            "wall time of the command not measured (read from a finished run)."
+            if info.get("from_run")
+            else f"wall time of the command: {info['wall_s'] / 60:.1f} min (model loading and start-up between "
+            "stages included)."
+        ),
         "",
     ]
     if info.get("estimates"):
@@ -158,13 +165,13 @@ def add_estimates(rows: list[dict], info: dict) -> None:
     if info.get(
         "ran_on"
     ):  # a GPU's run: the estimate from that GPU's benchmark, beside what the run measured
-        ran_on = RESULTS / Path(info["ran_on"]).name  # a committed benchmarks.gpu_stages result
-        info["gpu_estimates"] = [gpu_estimate(rows, json.loads(ran_on.read_text()))]
+        gpu = json.loads((RESULTS / info["ran_on"]).read_text())  # a committed benchmarks.gpu_stages result
+        info["gpu_estimates"] = [gpu_estimate(rows, gpu, info.get("encoder", "all-MiniLM-L6-v2"))]
         return
     if "Zen 4" in info["machine"]:
         info["estimates"] = estimate(rows, RESULTS)
     info["gpu_estimates"] = [
-        gpu_estimate(rows, json.loads((RESULTS / f).read_text()))
+        gpu_estimate(rows, json.loads((RESULTS / f).read_text()), info.get("encoder", "all-MiniLM-L6-v2"))
         for f in GPU_RESULTS
         if (RESULTS / f).exists()
     ]
@@ -188,6 +195,16 @@ def main() -> None:
     )
     ap.add_argument("--redraw", help="a raw JSON of this benchmark: its table again, estimates anew (no run)")
     a = ap.parse_args()
+    if a.ran_on:  # a committed benchmark of the GPU the run was made on: the table names it, redraws read it
+        if not a.from_run:
+            ap.error("--ran-on needs --from-run (a run made on that GPU, read here)")
+        from benchmarks.common import RESULTS
+
+        if Path(a.ran_on).resolve().parent != RESULTS.resolve() or not Path(a.ran_on).is_file():
+            ap.error(
+                f"--ran-on {a.ran_on}: give a benchmarks.gpu_stages result under {RESULTS} (commit it there)"
+            )
+        a.ran_on = Path(a.ran_on).name
     if a.redraw:
         raw = json.loads(Path(a.redraw).read_text())
         add_estimates(raw["stages"], raw["info"])
@@ -228,12 +245,20 @@ def main() -> None:
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
         "wall_s": wall,
         "from_run": bool(a.from_run),
+        # the training rate a GPU estimate reads (benchmarks.gpu_stages measured these two shapes)
+        "encoder": "all-mpnet-base-v2"
+        if "mpnet" in load_config([a.config], sets).models.encoder
+        else "all-MiniLM-L6-v2",
     }
     if a.from_run and a.ran_on:  # made on a lent GPU: that machine's figures, not this one's
-        gpu = json.loads(Path(a.ran_on).read_text())
+        from benchmarks.common import RESULTS
+
+        gpu = json.loads((RESULTS / a.ran_on).read_text())
+        logged = [r["manifest"]["scoring_speed"]["machine"] for r in stage_rows(Path(a.from_run))
+                  if (r["manifest"].get("scoring_speed") or {}).get("machine")]  # fmt: skip
         info.update(
-            machine=f"{gpu['device_name']} (lent; the run was read here from its folder; the peaks are "
-            f"{Path(a.ran_on).name}'s, {describe(gpu['machine'])})",
+            machine=f"{logged[0] if logged else gpu['device_name']} (lent; the run was read here from its folder; "
+            f"the peaks are {a.ran_on}'s, {describe(gpu['machine'])})",
             peak_fp32=gpu["peak_tflops"]["fp32"],
             peak_bf16=gpu["peak_tflops"]["bf16"],
             bandwidth_gbps=gpu["copy_gbps"],

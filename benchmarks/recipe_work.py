@@ -271,14 +271,15 @@ def _gpu_row(gpu: dict, **match) -> dict:
     return rows[0]
 
 
-def gpu_estimate(rows: list[dict], gpu: dict) -> dict:
+def gpu_estimate(rows: list[dict], gpu: dict, encoder: str = "all-MiniLM-L6-v2") -> dict:
     """The run's LM and training stages at the rates ``benchmarks.gpu_stages`` measured on a GPU (``gpu``: its raw
     JSON), with the sizes a GPU runs by default (``epr.lm.identity.DEVICE_SIZES``). An estimate from the stages'
     counted work, not a run:
 
     - ``scores``: the tokens scored here / the prefix-shared scorer's tokens/s (SmolLM2-135M's shape);
-    - ``encoder``: the training tokens / the bf16 training step's tokens/s (all-MiniLM-L6-v2's shape, 64-token
-      candidates: padded tokens there, real tokens here, so on the generous side);
+    - ``encoder``: the training tokens / the bf16 training step's tokens/s (``encoder``'s shape, all-MiniLM-L6-v2
+      or all-mpnet-base-v2: the run's ``models.encoder``; 64-token candidates: padded tokens there, real tokens
+      here, so on the generous side);
     - ``predict``: prefill + gold tokens at the batched scorer's tokens/s, plus the generated tokens at the lean
       decoder's new tokens/s (whose runs include their own prefill: on the conservative side);
     - ``select`` (a gold pass of the held-out slice): its time here x the scorer's tokens/s here over there.
@@ -294,9 +295,7 @@ def gpu_estimate(rows: list[dict], gpu: dict) -> dict:
     ]
     batched = _gpu_row(gpu, stage="label scoring", model=lm, method="batched", batch_tokens=tokens)["tok_s"]
     decode = _gpu_row(gpu, stage="generation", model=lm, decode_rows=rows_)["new_tok_s"]
-    train = _gpu_row(gpu, stage="encoder training", model="all-MiniLM-L6-v2", dtype="bf16", doc_len=64)[
-        "tokens_s"
-    ]
+    train = _gpu_row(gpu, stage="encoder training", model=encoder, dtype="bf16", doc_len=64)["tokens_s"]
     here = [r for r in rows if r["stage"].split("/")[-1] == "scores" and r.get("tokens")]
     here_tok_s = sum(r["tokens"] for r in here) / sum(r["seconds"] for r in here) if here else None
     out = []

@@ -241,3 +241,13 @@ def test_the_queue_imports_the_earlier_lease_and_passes_each_planned_run_whole(t
     assert [n for n in names if n.startswith("break")] == ["break-2000", "break-2000-mpnet", "break-4000"]
     assert "mtop-8000-locked-s2" in names
     assert [n for n in names if n in ("mtop-8000", "mtop-8000-mpnet")] == ["mtop-8000", "mtop-8000-mpnet"]
+    by_name = dict(zip(names, got))
+    assert "models.encoder=mpnet" in by_name["mtop-8000-mpnet"]  # the plan's arms, as amendment 6 names them
+    assert "retrieve.retrievers=[epr,hybrid]" in by_name["mtop-8000-mpnet"]
+    assert "models.encoder=mpnet" not in by_name["mtop-8000"]
+    for n in ("mtop-8000", "mtop-8000-mpnet"):  # dev: the locked examples are the other plan's, read once
+        assert "candidates.num_queries=8000" in by_name[n] and not any("eval_part" in a for a in by_name[n])
+    assert (
+        "data.eval_part=locked" in by_name["mtop-8000-locked-s2"]
+        and "train.seed=2" in by_name["mtop-8000-locked-s2"]
+    )

@@ -163,19 +163,60 @@ def test_gpu_estimate_reads_the_committed_gpu_run():
         assert 0 < e["lm_and_training_s"] < e["total_s"] < sum(r["seconds"] for r in recipe["stages"])
 
 
-def test_a_gpu_run_read_here_redraws_to_its_committed_table():
+def test_a_gpu_run_read_here_redraws_to_its_committed_table(monkeypatch):
     """The 8,000-label recipe run on a lent H200, read here with ``--ran-on`` that GPU's benchmark: its committed
     table is what its raw JSON redraws to (the GPU's description and peaks, the measured total against the estimate
     from the same benchmark), and its stages' total is the run's measured 6.4 minutes."""
+    import benchmarks.recipe as recipe
     from benchmarks.common import RESULTS
     from benchmarks.recipe import add_estimates
 
+    monkeypatch.setattr(recipe, "GPU_RESULTS", ())  # the estimate comes from the run's own GPU benchmark
     raw = json.loads((RESULTS / "recipe-mtop-8000-locked-s42-h200.json").read_text())
+    assert raw["info"]["ran_on"] == "gpu-stages-nvidia-h200.json" and raw["info"]["from_run"]
     info = {k: v for k, v in raw["info"].items() if k not in ("estimates", "gpu_estimates")}
     add_estimates(raw["stages"], info)
     assert "estimates" not in info and len(info["gpu_estimates"]) == 1  # no CPU's estimate for a GPU's run
     md = table(raw["stages"], info)
     assert md == (RESULTS / "recipe-mtop-8000-locked-s42-h200.md").read_text()
-    assert "NVIDIA H200 (lent" in md and "The GPU's matmul peak 51.15 TFLOP/s fp32, 663.48 bf16" in md
-    assert "on the GPU the stages took 6.4 min" in md
+    assert (
+        "GPU NVIDIA H200, torch 2.11.0+cu130, 2026-11-28 06:25 (lent" in md
+        and "The GPU's matmul peak 51.15 TFLOP/s fp32, 663.48 bf16" in md
+    )
+    assert "on the GPU the stages took 6.4 min" in md and "wall time of the command not measured" in md
     assert sum(r["seconds"] for r in raw["stages"]) == pytest.approx(6.4 * 60, abs=3)
+
+
+def test_ran_on_takes_a_committed_gpu_benchmark_and_a_finished_run():
+    """``--ran-on`` describes a run made on a GPU: without ``--from-run`` (a fresh run would measure this machine)
+    or with a file outside benchmarks/results (a redraw could not find it) it is refused before any work."""
+    import subprocess
+    import sys
+
+    from benchmarks.common import RESULTS
+
+    def call(*args):
+        return subprocess.run(
+            [sys.executable, "-m", "benchmarks.recipe", *args], capture_output=True, text=True
+        )
+
+    gpu = str(RESULTS / "gpu-stages-nvidia-h200.json")
+    r = call("--ran-on", gpu)
+    assert r.returncode == 2 and "--ran-on needs --from-run" in r.stderr
+    r = call("--from-run", "runs/x", "--ran-on", "elsewhere/gpu-stages-nvidia-h200.json")
+    assert r.returncode == 2 and "give a benchmarks.gpu_stages result under" in r.stderr
+
+
+def test_the_gpu_estimate_trains_at_the_runs_encoders_rate():
+    """A run whose encoder is all-mpnet-base-v2 is estimated at mpnet's training rate, not MiniLM's."""
+    from benchmarks.common import RESULTS
+    from benchmarks.recipe_work import gpu_estimate
+
+    raw = json.loads((RESULTS / "recipe-mtop-8000-locked-s42-h200.json").read_text())
+    gpu = json.loads((RESULTS / "gpu-stages-nvidia-h200.json").read_text())
+    s = {
+        enc: {r["stage"]: r["seconds"] for r in gpu_estimate(raw["stages"], gpu, enc)["stages"]}
+        for enc in ("all-MiniLM-L6-v2", "all-mpnet-base-v2")
+    }
+    assert s["all-mpnet-base-v2"]["round-1/encoder"] > 2 * s["all-MiniLM-L6-v2"]["round-1/encoder"]
+    assert s["all-mpnet-base-v2"]["round-1/scores"] == s["all-MiniLM-L6-v2"]["round-1/scores"]
