@@ -59,6 +59,8 @@ def one(
         opt.zero_grad()
         if step:
             times.append(time.perf_counter() - t)
+    ops = count_ops(lambda: _step(model, qs, ds, chunk, docs, buckets), autocast)
+    opt.zero_grad()
     return {
         "batch": batch,
         "chunk": chunk,
@@ -66,9 +68,27 @@ def one(
         "docs_per_query": docs,
         "length_buckets": buckets,
         "sec_per_step": float(np.mean(times)),
+        "ops_per_step": ops,
         "instances_per_s": batch / float(np.mean(times)),
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
+
+
+def count_ops(fn, autocast) -> int:
+    """The aten operators one call of ``fn`` dispatches, forward and backward (below autograd: each is about one
+    kernel launch on a GPU, where a small model's step is bound by launches, not FLOPs). The same on any device."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Count.n += 1
+            return func(*args, **(kwargs or {}))
+
+    with Count(), autocast():
+        fn()
+    return Count.n
 
 
 def _step(model, qs, ds, chunk, docs, buckets: int = 1) -> None:
@@ -110,13 +130,13 @@ def precision_table(rows: list[dict], m: dict, steps: int) -> str:
         f"demonstrations, no GradCache. Mean of {steps} steps after a warm-up, each configuration in its own process, "
         "one after the other in the same run.",
         "",
-        "| train.mixed_precision | train.length_buckets | s / step | instances / s | vs fp32 | peak RSS (MB) |",
-        "|---|---|---|---|---|---|",
+        "| train.mixed_precision | train.length_buckets | s / step | instances / s | vs fp32 | peak RSS (MB) | aten ops / step |",
+        "|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         md.append(
             f"| {r['precision']} | {r.get('length_buckets', 1)} | {r['sec_per_step']:.2f} | {r['instances_per_s']:.1f} | "
-            f"{base['sec_per_step'] / r['sec_per_step']:.2f}x | {r['peak_rss_mb']:.0f} |"
+            f"{base['sec_per_step'] / r['sec_per_step']:.2f}x | {r['peak_rss_mb']:.0f} | {r.get('ops_per_step', '')} |"
         )
     return "\n".join(md) + "\n"
 
