@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.common import describe, machine, matmul_tflops, save
+from benchmarks.common import RESULTS, describe, machine, matmul_tflops, save
 from benchmarks.generate import memory_gbps
 
 BAR_S = 45 * 60  # issue 49: the default MTOP recipe end to end in 45 minutes on 2 cores
@@ -159,19 +159,19 @@ def table(rows: list[dict], info: dict) -> str:
 
 def add_estimates(rows: list[dict], info: dict) -> None:
     """Other CPUs' estimates (only from a Zen 4 run: their factors are over a Zen 4's benchmarks) and the GPUs'."""
-    from benchmarks.common import RESULTS
     from benchmarks.recipe_work import estimate, gpu_estimate
 
+    encoder = info.get("encoder", "all-MiniLM-L6-v2")
     if info.get(
         "ran_on"
     ):  # a GPU's run: the estimate from that GPU's benchmark, beside what the run measured
         gpu = json.loads((RESULTS / info["ran_on"]).read_text())  # a committed benchmarks.gpu_stages result
-        info["gpu_estimates"] = [gpu_estimate(rows, gpu, info.get("encoder", "all-MiniLM-L6-v2"))]
+        info["gpu_estimates"] = [gpu_estimate(rows, gpu, encoder)]
         return
     if "Zen 4" in info["machine"]:
         info["estimates"] = estimate(rows, RESULTS)
     info["gpu_estimates"] = [
-        gpu_estimate(rows, json.loads((RESULTS / f).read_text()), info.get("encoder", "all-MiniLM-L6-v2"))
+        gpu_estimate(rows, json.loads((RESULTS / f).read_text()), encoder)
         for f in GPU_RESULTS
         if (RESULTS / f).exists()
     ]
@@ -198,8 +198,6 @@ def main() -> None:
     if a.ran_on:  # a committed benchmark of the GPU the run was made on: the table names it, redraws read it
         if not a.from_run:
             ap.error("--ran-on needs --from-run (a run made on that GPU, read here)")
-        from benchmarks.common import RESULTS
-
         if Path(a.ran_on).resolve().parent != RESULTS.resolve() or not Path(a.ran_on).is_file():
             ap.error(
                 f"--ran-on {a.ran_on}: give a benchmarks.gpu_stages result under {RESULTS} (commit it there)"
@@ -236,6 +234,8 @@ def main() -> None:
     wall = time.time() - t0
     import torch
 
+    cfg = load_config([a.config], sets)
+    rows = stage_rows(run_dir)
     info = {
         "command": command,
         "machine": describe(machine()),
@@ -246,15 +246,11 @@ def main() -> None:
         "wall_s": wall,
         "from_run": bool(a.from_run),
         # the training rate a GPU estimate reads (benchmarks.gpu_stages measured these two shapes)
-        "encoder": "all-mpnet-base-v2"
-        if "mpnet" in load_config([a.config], sets).models.encoder
-        else "all-MiniLM-L6-v2",
+        "encoder": "all-mpnet-base-v2" if "mpnet" in cfg.models.encoder else "all-MiniLM-L6-v2",
     }
     if a.from_run and a.ran_on:  # made on a lent GPU: that machine's figures, not this one's
-        from benchmarks.common import RESULTS
-
         gpu = json.loads((RESULTS / a.ran_on).read_text())
-        logged = [r["manifest"]["scoring_speed"]["machine"] for r in stage_rows(Path(a.from_run))
+        logged = [r["manifest"]["scoring_speed"]["machine"] for r in rows
                   if (r["manifest"].get("scoring_speed") or {}).get("machine")]  # fmt: skip
         info.update(
             machine=f"{logged[0] if logged else gpu['device_name']} (lent; the run was read here from its folder; "
@@ -272,10 +268,9 @@ def main() -> None:
         )
     from benchmarks.recipe_work import run_work
 
-    rows = stage_rows(run_dir)
     if a.from_run and not a.raw:  # no command was timed here: the stages' own total
         info["wall_s"] = sum(r["seconds"] for r in rows)
-    run_work(load_config([a.config], sets), rows, {"fp32": info["peak_fp32"], "bf16": info["peak_bf16"]})
+    run_work(cfg, rows, {"fp32": info["peak_fp32"], "bf16": info["peak_bf16"]})
     add_estimates(rows, info)
     save(f"recipe-{a.name or run_dir.name}", {"info": info, "stages": rows}, table(rows, info))
 

@@ -89,8 +89,6 @@ if [ -n "${OUT:-}" ]; then
     skip=(); for f in ${IMPORT:-}; do skip+=(--skip "$f"); done  # what earlier leases' files carry already
     $PY -m epr.cli cache export "$OUT/scores.json.gz" "${skip[@]}" --set run_root="$R" > "$R/export.log" 2>&1 \
       && tail -1 "$R/export.log" || echo "gpu_runs: the score export failed ($R/export.log)"
-    [ "$(stat -c %s "$OUT/scores.json.gz" 2>/dev/null || echo 0)" -le $((16 * 1024 * 1024)) ] \
-      || echo "gpu_runs: scores.json.gz is over the 16 MiB a file the device returns: it will not come back"
   fi
   # one file per run (the device returns a file of at most 16 MiB: three 8,000-label runs in one were 24 MB and did
   # not come back), and the run root's own files (logs, markers) after the export, so its log is this call's
@@ -103,8 +101,9 @@ if [ -n "${OUT:-}" ]; then
   done
   (cd "$(dirname "$R")" && find "$(basename "$R")" -maxdepth 1 -type f -print0) \
     | tar czf "$OUT/runs.tgz" -C "$(dirname "$R")" --null --no-recursion -T -
-  for f in "$OUT"/*.tgz; do
-    [ "$(stat -c %s "$f")" -le $((16 * 1024 * 1024)) ] || echo "gpu_runs: $f is over the 16 MiB a file the device returns"
+  for f in "$OUT"/*; do  # the archives and the scores
+    [ "$(stat -c %s "$f")" -le $((16 * 1024 * 1024)) ] \
+      || echo "gpu_runs: $f is over the 16 MiB a file the device returns: it will not come back"
   done
   ls -la "$OUT"
 fi
