@@ -1,9 +1,11 @@
 #!/bin/bash
 # On a lent GPU machine (docs/development.md), from the repository root: join the pieces scripts/gpu_payload.sh cut
 # (.gpu/x*/p.*, carried one call at a time and gathered in $S), install the wheels beside the machine's own torch,
-# start the runs in their own process session (they outlive this call), wait up to $LIMIT seconds, then pack each
-# run's folder without its weights and caches into $OUT/run-<name>.tgz and the logs into $OUT/runs.tgz. A later
-# call with the same RUNS waits on and packs again; runs resume stage by stage as `epr run` always does. RUNS:
+# start the runs in their own process session (they outlive this call), wait up to $LIMIT seconds, then pack what
+# the device returns (scripts/gpu_pack.py: every run's record in $OUT/records.tgz, whole runs without weights in
+# $OUT/run-<name>.tgz as the limits allow, the logs in $OUT/runs.tgz; PACK=0 packs nothing). A later call with the
+# same RUNS starts nothing again: it installs mpnet's pieces when whole (gpu_payload.sh MPNET=1), waits on and
+# packs again; runs resume stage by stage as `epr run` always does. RUNS:
 # `epr run` arguments, one run per `;`:
 #
 #     RUNS="-c configs/mtop.yaml --set candidates.num_queries=8000 --set name=mtop-8000-gpu" \
@@ -31,14 +33,27 @@
 set -u
 PY=${PY:-python3}; S=${S:-/tmp/s}; T=${T:-/tmp}; R=${R:-/tmp/runs}; LIMIT=${LIMIT:-540}
 mkdir -p "$S" "$R"
+cp .gpu/x*/p.* .gpu/m*/m.* .gpu/m*/mpnet.sha256 "$S/" 2>/dev/null  # this call's pieces, beside the earlier calls'
 if [ ! -f "$T/site.ok" ]; then
-  cp .gpu/x*/p.* "$S/" 2>/dev/null  # this call's piece, beside the earlier calls' (once installed, not again)
   (cd "$T" && cat "$S"/p.* > payload.tar && echo "$(cat "$OLDPWD/.gpu/payload.sha256")  payload.tar" | sha256sum -c - \
     && tar xf payload.tar && rm payload.tar) || { echo "gpu_runs: the payload is incomplete or corrupt"; exit 3; }
   $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$T/site" \
     "$T"/payload/whl/*.whl || exit 4
   touch "$T/site.ok"
 fi
+# mpnet's tar (gpu_payload.sh MPNET=1) comes in the calls after the runs start: installed once whole, then
+# $R/mpnet.ok lets the lanes that wait for it (`after:mpnet.ok`) go on
+if [ -f "$S/mpnet.sha256" ] && [ ! -f "$T/mpnet.ok" ]; then
+  if [ "$(cat "$S"/m.* | sha256sum | cut -d' ' -f1)" = "$(cat "$S/mpnet.sha256")" ]; then
+    mkdir -p "$T/mpnet" && cat "$S"/m.* | tar xf - -C "$T/mpnet" \
+      && $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$T/site" \
+        "$T"/mpnet/payload/whl/*.whl && touch "$T/mpnet.ok" && echo "gpu_runs: mpnet installed" \
+      || echo "gpu_runs: mpnet's payload did not install"
+  else
+    echo "gpu_runs: mpnet's payload: $(ls "$S"/m.* | wc -l) pieces so far"
+  fi
+fi
+[ -f "$T/mpnet.ok" ] && touch "$R/mpnet.ok"
 # the tokenizer on every core: on a GPU the host's work per label sequence, tokenising most of it, is what the
 # GPU waits on (benchmarks/results/scoring-host-*.md); `epr run` starts no forked worker (a fork would tokenise on one core)
 export PYTHONPATH=$T/site:$PWD HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=${TOKENIZERS_PARALLELISM:-true} PYTHONUNBUFFERED=1
@@ -84,26 +99,14 @@ end=$((SECONDS + LIMIT))
 while [ $SECONDS -lt $end ] && [ "$(ended)" -lt "${#lanes[@]}" ]; do sleep ${POLL:-5}; done
 [ "$(ended)" -eq "${#lanes[@]}" ] && touch "$R/done"
 ls "$R"; for f in "$R"/*.log; do echo "== $f"; tail -c 1500 "$f" | tr '\r' '\n' | tail -12; done
-if [ -n "${OUT:-}" ]; then
+if [ -n "${OUT:-}" ] && [ "${PACK:-1}" = 1 ]; then
   if [ -d "$R/.cache/scores" ]; then  # every LM score so far, for a later lease's IMPORT (a lease ends the machine)
     skip=(); for f in ${IMPORT:-}; do skip+=(--skip "$f"); done  # what earlier leases' files carry already
     $PY -m epr.cli cache export "$OUT/scores.json.gz" "${skip[@]}" --set run_root="$R" > "$R/export.log" 2>&1 \
       && tail -1 "$R/export.log" || echo "gpu_runs: the score export failed ($R/export.log)"
   fi
-  # one file per run (the device returns a file of at most 16 MiB: three 8,000-label runs in one were 24 MB and did
-  # not come back), and the run root's own files (logs, markers) after the export, so its log is this call's
-  for d in "$R"/*/; do  # the glob leaves out .cache (the score cache: exported above)
-    [ -d "$d" ] || continue  # no run folder yet
-    n=$(basename "$d")
-    tar czf "$OUT/run-$n.tgz" --exclude='*.safetensors' --exclude='*.npy' --exclude='*.bin' --exclude='*.faiss' \
-      --exclude='*/parts/*' --exclude=pool.jsonl --exclude=tokenizer.json --exclude=vocab.txt --exclude=.cache \
-      -C "$(dirname "$R")" "$(basename "$R")/$n"
-  done
-  (cd "$(dirname "$R")" && find "$(basename "$R")" -maxdepth 1 -type f -print0) \
-    | tar czf "$OUT/runs.tgz" -C "$(dirname "$R")" --null --no-recursion -T -
-  for f in "$OUT"/*; do  # the archives and the scores
-    [ "$(stat -c %s "$f")" -le $((16 * 1024 * 1024)) ] \
-      || echo "gpu_runs: $f is over the 16 MiB a file the device returns: it will not come back"
-  done
+  # what comes back: every run's record in records.tgz, whole runs as the device's limits on returned files allow
+  # (8 files, 16 MiB each, 64 MiB together), the logs in runs.tgz (scripts/gpu_pack.py)
+  "${PY%% *}" "$(dirname "$0")/gpu_pack.py" "$R" "$OUT"
   ls -la "$OUT"
 fi

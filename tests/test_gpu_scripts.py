@@ -158,16 +158,22 @@ def test_scores_move_between_leases_import_before_the_runs_and_export_at_packing
     # the export carries what the imported files do not: every earlier lease's file is imported next time
     assert calls[-1][3:7] == ["--skip", "one.json.gz", "--skip", "two.json.gz"]
     assert all(f"run_root={R}" in c for c in calls)
-    # one file per run without its weights (a file the device returns is at most 16 MiB), the logs in runs.tgz
+    # every run's record, each run whole without its weights as the limits allow, the logs (scripts/gpu_pack.py)
     import tarfile
 
     with tarfile.open(out / "run-a.tgz") as f:
-        assert sorted(f.getnames()) == ["runs/a", "runs/a/evaluate", "runs/a/evaluate/results.md"]
+        assert sorted(f.getnames()) == ["runs/a", "runs/a/evaluate/results.md"]
+    with tarfile.open(out / "records.tgz") as f:
+        assert f.getnames() == ["runs/a/evaluate/results.md"]
     with tarfile.open(out / "runs.tgz") as f:
         names = f.getnames()
-    assert "runs/0.log" in names and "runs/started" in names
+    assert "runs/0.log" in names and "runs/started" in names and "runs/packing.txt" in names
     assert not [n for n in names if n.startswith(("runs/a", "runs/.cache"))]
-    assert sorted(p.name for p in out.glob("*.tgz")) == ["run-a.tgz", "runs.tgz"]  # not the score cache
+    assert sorted(p.name for p in out.glob("*.tgz")) == [
+        "records.tgz",
+        "run-a.tgz",
+        "runs.tgz",
+    ]  # no score cache
 
     (tmp_path / "stub.py.jsonl").unlink()
     env |= {"R": str(tmp_path / "runs2"), "IMPORT": "bad.json.gz"}
@@ -208,6 +214,7 @@ def test_the_queue_imports_the_earlier_lease_and_passes_each_planned_run_whole(t
     (tmp_path / "stub.py").write_text(CACHE_STUB)
     (tmp_path / "t").mkdir()
     (tmp_path / "t" / "site.ok").touch()
+    (tmp_path / "t" / "mpnet.ok").touch()  # mpnet's pieces are in: its arms need not wait
     env = {**os.environ, "PY": f"{sys.executable} {tmp_path / 'stub.py'}", "S": str(tmp_path / "s"),
            "T": str(tmp_path / "t"), "R": str(tmp_path / "runs"), "LIMIT": "30", "POLL": "0.2"}  # fmt: skip
     for k in ("OUT", "RUNS", "IMPORT", "DRY_RUN"):
@@ -216,7 +223,11 @@ def test_the_queue_imports_the_earlier_lease_and_passes_each_planned_run_whole(t
     planned = subprocess.run(
         ["bash", queue], env={**env, "DRY_RUN": "1"}, capture_output=True, text=True
     ).stdout
-    imports, *runs = planned.splitlines()
+    imports, *steps = planned.splitlines()
+    runs = [r for r in steps if not r.startswith("after:")]
+    # mpnet's arms wait for its pieces, which come in the calls after the lanes start (scripts/gpu_payload.sh)
+    for before, r in zip(steps, steps[1:]):
+        assert (before == "after:mpnet.ok") == ("models.encoder=mpnet" in r)
     assert imports == "IMPORT=results/mtop-8000-locked/scores-h200.json.gz"
     assert (ROOT / imports.split("=")[1]).exists()
     res = subprocess.run(["bash", queue], env=env, capture_output=True, text=True, timeout=120)
@@ -251,3 +262,57 @@ def test_the_queue_imports_the_earlier_lease_and_passes_each_planned_run_whole(t
         "data.eval_part=locked" in by_name["mtop-8000-locked-s2"]
         and "train.seed=2" in by_name["mtop-8000-locked-s2"]
     )
+
+
+def test_mpnet_comes_after_the_start_and_its_lanes_wait_for_it(tmp_path):
+    """gpu_payload.sh MPNET=1 cuts mpnet's wheels into a tar of their own, carried in the calls after the lanes
+    start: each call adds its piece, the tar installs once whole and checked (``mpnet.ok``), and an arm behind
+    ``after:mpnet.ok`` starts only then; a piece that does not match the digest installs nothing."""
+    import hashlib
+    import io
+    import json
+    import tarfile
+
+    (tmp_path / "stub.py").write_text(CACHE_STUB)
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "site.ok").touch()
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as t:
+        data = b"wheel" * 1000
+        info = tarfile.TarInfo("payload/whl/mpnet_part-0.0.1-py3-none-any.whl")
+        info.size = len(data)
+        t.addfile(info, io.BytesIO(data))
+    tar = buf.getvalue()
+    digest = hashlib.sha256(tar).hexdigest()
+    half = len(tar) // 2
+
+    def carry(k: int, piece: bytes) -> None:  # the device keeps only this call's carried folder
+        import shutil
+
+        shutil.rmtree(tmp_path / ".gpu", ignore_errors=True)
+        (tmp_path / ".gpu" / f"m{k}").mkdir(parents=True)
+        (tmp_path / ".gpu" / f"m{k}" / ("m.a" + "ab"[k - 1])).write_bytes(piece)
+        (tmp_path / ".gpu" / f"m{k}" / "mpnet.sha256").write_text(digest + "\n")
+
+    runs = "--name a;after:mpnet.ok;--name b"
+    carry(1, tar[:half])
+    first = _call(tmp_path, runs, limit=1)
+    assert "mpnet's payload: 1 pieces so far" in first.stdout
+    R = tmp_path / "runs"
+    assert not (R / "mpnet.ok").exists()
+    carry(2, tar[half:-1] + b"x")  # a damaged piece: nothing installs
+    bad = _call(tmp_path, runs, limit=1)
+    assert "2 pieces so far" in bad.stdout and not (tmp_path / "t" / "mpnet.ok").exists()
+    calls = [json.loads(x) for x in (tmp_path / "stub.py.jsonl").read_text().splitlines()]
+    assert [c[-1] for c in calls if c[0] == "run"] == [
+        f"data.data_dir={tmp_path / 't'}/payload/data"
+    ]  # a only
+    carry(2, tar[half:])
+    done = _call(tmp_path, runs, limit=20)
+    assert "mpnet installed" in done.stdout and (R / "mpnet.ok").exists()
+    calls = [json.loads(x) for x in (tmp_path / "stub.py.jsonl").read_text().splitlines()]
+    pip = [c for c in calls if c[:1] == ["install"]]
+    assert len(pip) == 1 and f"{tmp_path / 't'}/site" in pip[0]
+    assert pip[0][-1] == f"{tmp_path / 't'}/mpnet/payload/whl/mpnet_part-0.0.1-py3-none-any.whl"
+    assert [c[2] for c in calls if c[0] == "run"] == ["a", "b"]  # b only after mpnet.ok
+    assert (R / "done").exists()
