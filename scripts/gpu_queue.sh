@@ -43,4 +43,27 @@ lane4="$dev --set name=mtop-8000;after:mpnet.ok;$dev $mpnet --set name=mtop-8000
 export IMPORT="${IMPORT-results/mtop-8000-locked/scores-h200.json.gz}"  # IMPORT= imports none
 export RUNS="${RUNS:-$lane1|$lane2|$lane3|$lane4}"
 if [ "${DRY_RUN:-0}" = 1 ]; then echo "IMPORT=$IMPORT"; tr '|;' '\n\n' <<< "$RUNS"; exit 0; fi
+if [ "${SMOKE:-0}" = 1 ]; then
+  # Before a lease, on this machine: each distinct queued run, shrunk (64 labels, a 2,000-row pool, 8 compared
+  # examples, the dev part: a smoke run reads no locked example), one after another under $SMOKE_ROOT, so that a
+  # setting, task, model or retriever that fails does so here and not in a lease's lane. Label counts collapse to
+  # one run; what the GPU alone does (its kernels, its sizes) stays untried: tests/test_cuda.py on a lease.
+  root=${SMOKE_ROOT:-runs/smoke}; small='--set candidates.num_queries=64 --set train.dev_size=8
+    --set data.pool_limit=2000 --set data.eval_part=dev --set retrieve.eval_limit=8 --set select.size=16
+    --set generate.max_new_tokens=32'
+  mkdir -p "$root"; declare -A seen; fails=0
+  while IFS= read -r r; do
+    [[ -z $r || $r == after:* ]] && continue
+    key=$(sed -E 's/--set (name|candidates\.num_queries|data\.eval_part|train\.seed)=[^ ]*//g' <<< "$r" | tr -s ' ')
+    [ -n "${seen[$key]:-}" ] && continue; seen[$key]=1
+    name=$(grep -oE 'name=[^ ]+' <<< "$r" | tail -1 | cut -d= -f2)
+    echo "smoke: $name"
+    if eval "${PY:-python3} -m epr.cli run $r $small --set run_root=$root" > "$root/$name.log" 2>&1; then
+      echo "smoke: $name passed"
+    else
+      echo "smoke: $name FAILED: $root/$name.log"; tail -5 "$root/$name.log"; fails=$((fails + 1))
+    fi
+  done < <(tr '|;' '\n\n' <<< "$RUNS")
+  exit $((fails > 0))
+fi
 exec bash scripts/gpu_runs.sh
