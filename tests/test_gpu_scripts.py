@@ -316,3 +316,30 @@ def test_mpnet_comes_after_the_start_and_its_lanes_wait_for_it(tmp_path):
     assert pip[0][-1] == f"{tmp_path / 't'}/mpnet/payload/whl/mpnet_part-0.0.1-py3-none-any.whl"
     assert [c[2] for c in calls if c[0] == "run"] == ["a", "b"]  # b only after mpnet.ok
     assert (R / "done").exists()
+
+
+def test_the_queue_smoke_runs_each_distinct_run_shrunk_and_on_dev(tmp_path):
+    """``SMOKE=1 scripts/gpu_queue.sh`` runs each distinct queued run on this machine before a lease, shrunk, with
+    the dev part last on the line (a smoke run reads no locked example); runs that differ only in their label count,
+    seed or name run once; a failing one is named and the script fails."""
+    import json
+
+    (tmp_path / "stub.py").write_text(CACHE_STUB.replace('"bad.json.gz" in args', '"name=smc-1000" in args'))
+    env = {**os.environ, "PY": f"{sys.executable} {tmp_path / 'stub.py'}", "SMOKE": "1",
+           "SMOKE_ROOT": str(tmp_path / "smoke")}  # fmt: skip
+    for k in ("OUT", "RUNS", "IMPORT", "DRY_RUN"):
+        env.pop(k, None)
+    res = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_queue.sh")], env=env, capture_output=True, text=True,
+                         timeout=60)  # fmt: skip
+    assert res.returncode == 1 and "smoke: smc-1000 FAILED" in res.stdout
+    calls = [json.loads(x) for x in (tmp_path / "stub.py.jsonl").read_text().splitlines()]
+    names = [next(a for a in c if a.startswith("name=")).removeprefix("name=") for c in calls]
+    # the locked seed and the dev MiniLM arm are one run here, and smc-4000 and smc-8000 are smc-2000
+    assert names == ["mtop-8000-locked-s2", "smc-1000", "smc-1000-mpnet", "smc-2000", "break-2000",
+                     "break-2000-mpnet", "break-4000", "mtop-8000-mpnet"]  # fmt: skip
+    for c in calls:
+        sets = [c[i + 1] for i, a in enumerate(c) if a == "--set"]
+        last = {s.split("=")[0]: s.split("=", 1)[1] for s in sets}  # a later --set of a key wins
+        assert last["data.eval_part"] == "dev" and last["candidates.num_queries"] == "64"
+        assert last["run_root"] == str(tmp_path / "smoke")
+    assert "smoke: smc-1000-mpnet passed" in res.stdout
