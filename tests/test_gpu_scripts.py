@@ -262,6 +262,12 @@ def test_the_queue_imports_the_earlier_lease_and_passes_each_planned_run_whole(t
         "data.eval_part=locked" in by_name["mtop-8000-locked-s2"]
         and "train.seed=2" in by_name["mtop-8000-locked-s2"]
     )
+    # seed 2 trains as seeds 42 and 1 did on the H200 (4 length buckets, the default then); the other runs take
+    # the GPU's default (one padded batch), as their plans' amendments say
+    assert "train.length_buckets=4" in by_name["mtop-8000-locked-s2"]
+    assert not [
+        n for n, a in by_name.items() if n != "mtop-8000-locked-s2" and any("length_buckets" in x for x in a)
+    ]
 
 
 def test_mpnet_comes_after_the_start_and_its_lanes_wait_for_it(tmp_path):

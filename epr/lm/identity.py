@@ -31,10 +31,15 @@ DTYPES = ("auto", "bf16", "fp32")
 # benchmarks/results/scoring.md; 64 rows in chunks of 256: benchmarks/results/generate-*.md), so their CPU keys
 # stay. A config that does not inherit base.yaml scored bf16 at the old dataclass default, 4096: it now gets 2048 and
 # new keys (its bf16 scores are computed again; fp32 keys do not name the batch).
+# Training's length buckets: 4 on a CPU (1.39x one padded batch's rate on Zen 4: fewer padded FLOPs,
+# benchmarks/results/training-precision-zen4.md), 1 on a GPU, where a step of 4 buckets dispatches 7,910 operators
+# against one batch's 2,210 (training-precision-zen4-ops.md) and the H200 trained at 4.7-6.8 steps/s with 4 against
+# 27 for one padded batch of the same shape (docs/benchmarks.md): launches, not FLOPs, set a GPU's step there.
 DEVICE_SIZES = {
     "scoring.batch_tokens": (2048, 16384),
     "generate.decode_rows": (64, 256),
     "generate.chunk_size": (256, 1024),
+    "train.length_buckets": (4, 1),
 }
 
 

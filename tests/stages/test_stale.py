@@ -315,17 +315,30 @@ def test_retrieve_needs_the_encoders_its_retrievers_use(retrievers, deps, tmp_pa
     assert pipeline.STAGES["retrieve"].deps(Context(cfg)) == deps
 
 
-def test_length_buckets_key_the_encoder_where_they_act(tmp_path):
+def test_length_buckets_key_the_encoder_where_they_act(tmp_path, monkeypatch):
     """``train.length_buckets`` (issue 49) keys the encoder as it acts: 1 (one padded batch, as before the option)
     keeps the old keys, so committed encoders stay valid; under GradCache (which chunks the batch itself) it does
-    nothing and keys nothing; otherwise another value is another encoder."""
+    nothing and keys nothing; otherwise another value is another encoder. Null (the default) acts as the device's
+    size: 4 on a CPU (the keys of every CPU run since the option), 1 on a GPU; a set value wins on either."""
+    from epr.encoder.settings import effective_train
+    from epr.lm import identity
 
     def keys(*extra):
         cfg = load_config([], [f"run_root={tmp_path}", "data.task=demo", "train.chunk_size=0", *extra])
         return pipeline.STAGES["encoder"].keys(Context(cfg))["train"]
 
+    monkeypatch.setattr(identity, "default_device", lambda: "cpu")
     assert "length_buckets" not in keys("train.length_buckets=1")
-    assert keys()["length_buckets"] == 4 == load_config([], []).train.length_buckets  # the default acts
+    assert load_config([], []).train.length_buckets is None
+    assert (
+        keys()["length_buckets"] == 4 == keys("train.length_buckets=4")["length_buckets"]
+    )  # the CPU's size acts
+    assert effective_train(load_config([], []).train, False).length_buckets == 4  # and trains
     assert keys("train.length_buckets=8")["length_buckets"] == 8
     gc = ("train.chunk_size=4", "train.batch_size=16")
     assert keys(*gc) == keys(*gc, "train.length_buckets=1") == keys(*gc, "train.length_buckets=8")
+    monkeypatch.setattr(identity, "default_device", lambda: "cuda")
+    assert keys() == keys("train.length_buckets=1") and "length_buckets" not in keys()  # one batch on a GPU
+    assert effective_train(load_config([], []).train, False).length_buckets == 1
+    # a run that pins 4 on a GPU (seed 2 of results/mtop-8000-locked, as its seeds 42 and 1 ran) keys as they did
+    assert keys("train.length_buckets=4")["length_buckets"] == 4
