@@ -38,6 +38,24 @@ def test_scorer_on_cuda_equals_cpu_fp32(tiny_lm_dir, prefix_share):
     assert np.all(got["cpu"] < 0)
 
 
+def test_shared_prefix_and_greedy_scoring_on_cuda_equal_cpu_fp32(tiny_lm_dir):
+    """The label scorer's own path (each demonstration's keys and values once, ``score_prefixed``) and the gold
+    pass's greedy check on CUDA, where host tensors go through pinned memory and a call's batches are brought back
+    together: the CPU's values, in batches small enough that a call has several."""
+    demos = ["Demo one: a -> b.", "Demo two is a little longer: c -> d."]
+    pre = [demos[i % 2] for i in range(len(CTX) * 2)]
+    ctx = [p + " " + c for p, c in zip(pre, CTX * 2)]
+    tgt = TGT * 2
+    got = {}
+    for dev in ("cpu", "cuda"):
+        sc = LMScorer(*load_lm(tiny_lm_dir, dtype="fp32", device=dev), batch_tokens=64, prefix_share=True)
+        pairs = sc.encode(ctx, tgt)
+        got[dev] = (sc.score_prefixed(pre, ctx, tgt), *sc.score_greedy(pairs))
+    for a, b in zip(got["cuda"], got["cpu"]):
+        np.testing.assert_allclose(a.astype(np.float64), b.astype(np.float64), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(got["cpu"][0], got["cpu"][1], rtol=1e-4, atol=1e-4)  # shared = plain
+
+
 def test_bf16_scorer_on_cuda_stays_near_fp32(tiny_lm_dir):
     """bf16 (what ``models.dtype: auto`` picks on CUDA) keeps each sequence's log-prob within 2% of fp32."""
     a = LMScorer(*load_lm(tiny_lm_dir, dtype="fp32", device="cuda")).score(CTX, TGT)

@@ -188,14 +188,10 @@ class LMScorer(TokenScorer):
     def _score_ids(self, pairs, greedy: bool) -> tuple[np.ndarray, np.ndarray | None]:
         self._check_fits(pairs)
         items = [_Item(i, c + t, len(c)) for i, (c, t) in enumerate(pairs)]
-        out = np.zeros(len(items), dtype=np.float64)
-        match = np.zeros(len(items), dtype=bool) if greedy else None
+        results = _Results(len(items), greedy)
         for batch in make_batches([len(it.ids) for it in items], self.batch_tokens):
-            sums, m = self._forward([items[j] for j in batch], greedy)
-            out[[items[j].pos for j in batch]] = sums
-            if greedy:
-                match[[items[j].pos for j in batch]] = m
-        return out, match
+            results.add([items[j].pos for j in batch], *self._forward([items[j] for j in batch], greedy))
+        return results.collect()
 
     @torch.inference_mode()
     def score_prefixed(
@@ -227,23 +223,23 @@ class LMScorer(TokenScorer):
                 plain.append(i)
                 continue
             groups.setdefault(tuple(c[:n]), []).append(i)
-        out = np.zeros(len(pairs), dtype=np.float64)
+        results = _Results(len(pairs), greedy=False)
         if plain:
-            out[plain] = self.score_ids([pairs[i] for i in plain])
+            results.add(plain, self.score_ids([pairs[i] for i in plain]), None)
         keys = sorted(groups, key=lambda k: (len(k), k))
         pad = self.tok.pad_token_id if self.tok.pad_token_id is not None else 0
-        dev = self.device
+        to = self._to_device
         for gb in _prefix_batches(keys, self.batch_tokens):
             P = max(len(keys[g]) for g in gb)
             pids = _padded([keys[g] for g in gb], P, pad)
             pmask = _padded([[1] * len(keys[g]) for g in gb], P, 0).bool()
-            kv = self.backbone.prefix_kv(pids.to(dev))
-            pmask = pmask.to(dev)
+            kv = self.backbone.prefix_kv(to(pids))
+            pmask = to(pmask)
             # the suffixes of these prefixes, length-sorted into token-budget batches
             rows = [(j, i) for j, g in enumerate(gb) for i in groups[keys[g]]]
             sfx = [pairs[i][0][len(keys[gb[j]]) :] + pairs[i][1] for j, i in rows]
             for b in make_batches([len(x) + P for x in sfx], self.batch_tokens):
-                sel = torch.tensor([rows[r][0] for r in b], device=dev)
+                sel = to(torch.tensor([rows[r][0] for r in b]))
                 ids = _padded([sfx[r] for r in b], max(len(sfx[r]) for r in b), pad)
                 # target token k of a pair is predicted at full position len(c) - 1 + k: suffix index that minus the prefix
                 spans = []
@@ -252,9 +248,18 @@ class LMScorer(TokenScorer):
                     spans.append((len(c) - 1 - len(keys[gb[rows[r][0]]]), t))
                 start = torch.tensor([len(keys[gb[rows[r][0]]]) for r in b])
                 past = [(k.index_select(0, sel), v.index_select(0, sel)) for k, v in kv]
-                hidden = self.backbone.forward_after(ids.to(dev), start.to(dev), past, pmask[sel])
-                out[[rows[r][1] for r in b]] = self._target_sums(hidden, *_target_index(spans), len(b))[0]
-        return out
+                hidden = self.backbone.forward_after(to(ids), to(start), past, pmask[sel])
+                results.add(
+                    [rows[r][1] for r in b], *self._target_sums(hidden, *_target_index(spans), len(b))
+                )
+        return results.collect()[0]
+
+    def _to_device(self, t: torch.Tensor) -> torch.Tensor:
+        """A host tensor on the scorer's device. To a GPU through pinned memory without waiting: the host builds the
+        next batch while the GPU computes this one (a plain copy from pageable memory waits for the GPU's queue)."""
+        if self.device.type != "cuda":
+            return t.to(self.device)
+        return t.pin_memory().to(self.device, non_blocking=True)
 
     @torch.inference_mode()
     def _forward(self, items: list[_Item], greedy: bool = False) -> tuple[np.ndarray, np.ndarray | None]:
@@ -264,30 +269,52 @@ class LMScorer(TokenScorer):
         spans = [(it.n_ctx - 1, it.ids[it.n_ctx :]) for it in items]
         # Right padding under a causal mask: real tokens never attend to the pads that follow them, so no
         # padding mask is needed and attention takes its fast is_causal path.
-        hidden = self.backbone(ids.to(self.device))
+        hidden = self.backbone(self._to_device(ids))
         return self._target_sums(hidden, *_target_index(spans), len(items), greedy)
 
     @torch.inference_mode()
     def _target_sums(
         self, hidden, rows, cols, labels, n: int, greedy: bool = False
-    ) -> tuple[np.ndarray, np.ndarray | None]:
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Summed log-probs of the target tokens: the LM head only at the positions ``(rows, cols)`` of ``hidden``
         that predict them, summed per row; with ``greedy``, also whether each row's target tokens are all the first
         index of the largest logit (the greedy decoder's choice, in the head's own dtype). ``rows``, ``cols``,
-        ``labels``: flat tensors of :func:`_target_index`."""
-        dev = self.device
-        seg = rows.to(dev)
-        h = hidden[seg, cols.to(dev)]  # (n_target_tokens, H)
+        ``labels``: flat tensors of :func:`_target_index`. Tensors on the scorer's device, not waited for:
+        :class:`_Results` brings a call's batches to the host together."""
+        dev, to = self.device, self._to_device
+        seg = to(rows)
+        h = hidden[seg, to(cols)]  # (n_target_tokens, H)
         raw = self.model.get_output_embeddings()(h)
-        lab = labels.to(dev)
+        lab = to(labels)
         lp = torch.log_softmax(raw.float(), dim=-1).gather(1, lab[:, None])[:, 0]
         sums = torch.zeros(n, dtype=torch.float64, device=dev)
         sums.index_add_(0, seg, lp.double())
         if not greedy:
-            return sums.cpu().numpy(), None
+            return sums, None
         miss = torch.zeros(n, dtype=torch.long, device=dev)
         miss.index_add_(0, seg, (first_max_index(raw) != lab).long())
-        return sums.cpu().numpy(), (miss == 0).cpu().numpy()
+        return sums, miss == 0
+
+
+class _Results:
+    """A scoring call's per-pair results, batch by batch: each batch's tensors stay where they were computed until
+    :meth:`collect` brings all of them to the host at once, so a GPU is waited for once a call, not once a batch."""
+
+    def __init__(self, n: int, greedy: bool):
+        self.n, self.greedy = n, greedy
+        self.parts: list[tuple[list[int], object, object]] = []
+
+    def add(self, positions: list[int], sums, match) -> None:
+        self.parts.append((positions, sums, match))
+
+    def collect(self) -> tuple[np.ndarray, np.ndarray | None]:
+        out = np.zeros(self.n, dtype=np.float64)
+        match = np.zeros(self.n, dtype=bool) if self.greedy else None
+        for pos, sums, m in self.parts:
+            out[pos] = sums.cpu().numpy() if isinstance(sums, torch.Tensor) else sums
+            if self.greedy:
+                match[pos] = m.cpu().numpy()
+        return out, match
 
 
 def token_ids(tok, texts: Sequence[str], special: bool) -> list[list[int]]:
