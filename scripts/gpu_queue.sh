@@ -10,7 +10,7 @@
 #     LIMIT=0 PACK=0 bash scripts/gpu_queue.sh
 #
 # then carry mpnet's pieces one call each (.gpu/mK) with that same command (the lanes run meanwhile; mpnet's arms
-# wait for `after:mpnet.ok`, made when its last piece is in), and last, while the lease lasts:
+# wait for `after:mpnet.ok`, made when its last piece is in, at most 300 s), and last, while the lease lasts:
 #
 #     LIMIT=<the lease's seconds left, less 60> bash scripts/gpu_queue.sh
 #
@@ -34,13 +34,16 @@ brk='-c configs/break.yaml'
 dev='-c configs/mtop.yaml --set candidates.num_queries=8000'
 oracle='--set "retrieve.retrievers=[bm25,sbert,epr,hybrid,lm-oracle]"'
 mpnet='--set models.encoder=mpnet --set "retrieve.retrievers=[epr,hybrid]"'
+# an mpnet arm waits for mpnet's pieces (carried after the start) at most 5 minutes after the arm before it, and is
+# optional: skipped or failed, its lane goes on to the next arm, and it waits in this queue for the next lease
+wait='after:mpnet.ok@300'
 # seed 2 trains as seeds 42 and 1 did (4 length buckets, then the default everywhere; a GPU's default is now 1)
 lane1="$mtop --set train.seed=2 --set train.length_buckets=4 --set name=mtop-8000-locked-s2"
-lane2="$smc $oracle --set name=smc-1000;after:mpnet.ok;$smc $mpnet --set name=smc-1000-mpnet"
+lane2="$smc $oracle --set name=smc-1000;$wait;?$smc $mpnet --set name=smc-1000-mpnet"
 for n in 2000 4000 8000; do lane2+=";$smc --set candidates.num_queries=$n --set name=smc-$n"; done
-lane3="$brk $oracle --set name=break-2000;after:mpnet.ok;$brk $mpnet --set name=break-2000-mpnet"
+lane3="$brk $oracle --set name=break-2000;$wait;?$brk $mpnet --set name=break-2000-mpnet"
 lane3+=";$brk --set candidates.num_queries=4000 --set name=break-4000"
-lane4="$dev --set name=mtop-8000;after:mpnet.ok;$dev $mpnet --set name=mtop-8000-mpnet"
+lane4="$dev --set name=mtop-8000;$wait;?$dev $mpnet --set name=mtop-8000-mpnet"
 export IMPORT="${IMPORT-results/mtop-8000-locked/scores-h200.json.gz}"  # IMPORT= imports none
 export RUNS="${RUNS:-$lane1|$lane2|$lane3|$lane4}"
 if [ "${DRY_RUN:-0}" = 1 ]; then echo "IMPORT=$IMPORT"; tr '|;' '\n\n' <<< "$RUNS"; exit 0; fi
@@ -54,12 +57,12 @@ if [ "${SMOKE:-0}" = 1 ]; then
   small+=' --set generate.max_new_tokens=32'
   mkdir -p "$root"; declare -A seen; fails=0
   while IFS= read -r r; do
-    [[ -z $r || $r == after:* ]] && continue
+    [[ -z $r || $r == after:* ]] && continue; r=${r#\?}
     key=$(sed -E 's/--set (name|candidates\.num_queries|data\.eval_part|train\.seed|train\.length_buckets)=[^ ]*//g' <<< "$r" | tr -s ' ')
     [ -n "${seen[$key]:-}" ] && continue; seen[$key]=1
     name=$(grep -oE 'name=[^ ]+' <<< "$r" | tail -1 | cut -d= -f2)
     echo "smoke: $name"
-    if eval "${PY:-python3} -m epr.cli run $r $small --set run_root=$root" > "$root/$name.log" 2>&1; then
+    if eval "${PY:-python3} -m epr.cli run $r $small --set run_root=$root" > "$root/$name.log" 2>&1 < /dev/null; then
       echo "smoke: $name passed"
     else
       echo "smoke: $name FAILED: $root/$name.log"; tail -5 "$root/$name.log"; fails=$((fails + 1))

@@ -26,11 +26,17 @@
 #
 # `after:PATH` in a chain is a barrier, not a run: the lane waits until $R/PATH (or an absolute PATH) exists, another
 # lane's finished stage, then goes on; also once every lane that begins with a run has ended without making it, or
-# after AFTER_MAX seconds (1800). RUNS where every lane begins with a barrier is refused (exit 6). Seeds that share round 1's labels score them once this way: the
+# after AFTER_MAX seconds (1800), or after S seconds where it says `after:PATH@S`. RUNS where every lane begins with a
+# barrier is refused (exit 6). A run written `?<args>` is optional: where it fails (its k in $R/failed all the same),
+# its lane goes on. mpnet's arms wait this way for its pieces, and are skipped if those do not come in time:
+#
+#     RUNS="<A>;after:mpnet.ok@300;?<E, mpnet>;<B>" ...
+#
+# Seeds that share round 1's labels score them once with a barrier: the
 # score cache under $R serves them to the lanes that waited (the same values, not a second bf16 computation):
 #
 #     RUNS="<s42>|after:<s42's name>/rounds/round-1/scores/manifest.json;<s1>|after:<the same>;<s2>" ...
-set -u
+set -u; shopt -s extglob
 PY=${PY:-python3}; S=${S:-/tmp/s}; T=${T:-/tmp}; R=${R:-/tmp/runs}; LIMIT=${LIMIT:-540}
 mkdir -p "$S" "$R"
 cp .gpu/x*/p.* .gpu/m*/m.* .gpu/m*/mpnet.sha256 "$S/" 2>/dev/null  # this call's pieces, beside the earlier calls'
@@ -44,13 +50,16 @@ fi
 # mpnet's tar (gpu_payload.sh MPNET=1) comes in the calls after the runs start: installed once whole, then
 # $R/mpnet.ok lets the lanes that wait for it (`after:mpnet.ok`) go on
 if [ -f "$S/mpnet.sha256" ] && [ ! -f "$T/mpnet.ok" ]; then
-  if [ "$(cat "$S"/m.* | sha256sum | cut -d' ' -f1)" = "$(cat "$S/mpnet.sha256")" ]; then
+  read -r sum count < "$S/mpnet.sha256"; have=$(ls "$S"/m.* | wc -l)
+  if [ "$have" -lt "${count:-0}" ]; then
+    echo "gpu_runs: mpnet's payload: $have of $count pieces so far"
+  elif [ "$(cat "$S"/m.* | sha256sum | cut -d' ' -f1)" = "$sum" ]; then
     mkdir -p "$T/mpnet" && cat "$S"/m.* | tar xf - -C "$T/mpnet" \
       && $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$T/site" \
         "$T"/mpnet/payload/whl/*.whl && touch "$T/mpnet.ok" && echo "gpu_runs: mpnet installed" \
       || echo "gpu_runs: mpnet's payload did not install"
   else
-    echo "gpu_runs: mpnet's payload: $(ls "$S"/m.* | wc -l) pieces so far"
+    echo "gpu_runs: mpnet's payload: all $have pieces in, but they do not match its digest (a piece damaged?)"
   fi
 fi
 [ -f "$T/mpnet.ok" ] && touch "$R/mpnet.ok"
@@ -80,15 +89,19 @@ if [ ! -f "$R/started" ]; then
     script=""
     for r in "${runs[@]}"; do
       b="${r#"${r%%[![:space:]]*}"}"  # without leading blanks
-      if [[ $b == after:* ]]; then  # a barrier, not a run: wait for a file, at most AFTER_MAX seconds
-        p="${b#after:}"; p="${p%"${p##*[![:space:]]}"}"; [[ $p == /* ]] || p="$R/$p"
-        script+="echo 'waiting for $p'; w=\$((SECONDS + ${AFTER_MAX:-1800})); "
+      if [[ $b == after:* ]]; then  # a barrier, not a run: wait for a file, at most AFTER_MAX (or @) seconds
+        p="${b#after:}"; p="${p%"${p##*[![:space:]]}"}"; most=${AFTER_MAX:-1800}
+        [[ $p == *@+([0-9]) ]] && { most=${p##*@}; p=${p%@*}; }
+        [[ $p == /* ]] || p="$R/$p"
+        script+="echo 'waiting for $p'; w=\$((SECONDS + $most)); "
         script+="until [ -e '$p' ] || { ${producers}true; } || [ \$SECONDS -ge \$w ]; do sleep ${POLL:-5}; done; "
         script+="[ -e '$p' ] && echo \"\$(date -u +%FT%TZ) found $p\" || echo 'not there, and the lanes that make files have ended (or AFTER_MAX passed): going on without $p'; "
         continue
       fi
+      end="touch $R/lane$l.end; exit 1"
+      [[ $b == \?* ]] && { r="${b#\?}"; end="echo 'run $k failed: optional, the lane goes on'"; }
       script+="$PY -m epr.cli run $r --set run_root=$R --set data.data_dir=$T/payload/data > $R/$k.log 2>&1"
-      script+=" || { echo $k >> $R/failed; touch $R/lane$l.end; exit 1; }; date -u +%FT%TZ > $R/$k.done; "
+      script+=" && date -u +%FT%TZ > $R/$k.done || { echo $k >> $R/failed; $end; }; "
       k=$((k + 1))
     done
     setsid nohup bash -c "$script touch $R/lane$l.end" > "$R/driver$l.log" 2>&1 < /dev/null &

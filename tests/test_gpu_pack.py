@@ -108,3 +108,25 @@ def test_packing_returns_every_record_and_whole_runs_within_the_devices_limits(t
         p.unlink()
     got = pack.pack(R, out, max_files=3, max_bytes=64 * MiB, file_max=16 * MiB)
     assert got["whole"] == [] and len(list(out.iterdir())) == 3
+
+
+def test_packing_goes_on_while_a_lane_writes(tmp_path, monkeypatch):
+    """A lane writes beside the packing: epr's files being written (``*.tmp``, renamed when whole) are not packed,
+    and a file that goes between its listing and its packing is left out, not an error that would stop the call
+    from returning anything."""
+    import tarfile
+
+    pack = _load_pack()
+    R, out = tmp_path / "runs", tmp_path / "out"
+    _run_folder(R, "a", 1000)
+    (R / "a" / "scores" / ".scores.jsonl.123.tmp").write_text("half")
+    got = pack.pack(R, out)
+    assert got["whole"] == ["a"]
+    with tarfile.open(out / "run-a.tgz") as f:
+        assert not [n for n in f.getnames() if n.endswith(".tmp")]
+    files = pack._files
+    monkeypatch.setattr(pack, "_files", lambda run, keep: [*files(run, keep), run / "gone.json"])
+    for p in out.iterdir():
+        p.unlink()
+    got = pack.pack(R, out)  # the vanished file: no stat error, no tar error
+    assert got["whole"] == ["a"] and (out / "records.tgz").exists() and (out / "runs.tgz").exists()

@@ -224,10 +224,11 @@ def test_the_queue_imports_the_earlier_lease_and_passes_each_planned_run_whole(t
         ["bash", queue], env={**env, "DRY_RUN": "1"}, capture_output=True, text=True
     ).stdout
     imports, *steps = planned.splitlines()
-    runs = [r for r in steps if not r.startswith("after:")]
+    runs = [r.removeprefix("?") for r in steps if not r.startswith("after:")]
     # mpnet's arms wait for its pieces, which come in the calls after the lanes start (scripts/gpu_payload.sh)
     for before, r in zip(steps, steps[1:]):
-        assert (before == "after:mpnet.ok") == ("models.encoder=mpnet" in r)
+        # waiting at most 5 minutes, and optional: skipped or failed, the lane goes on
+        assert (before == "after:mpnet.ok@300") == ("models.encoder=mpnet" in r) == r.startswith("?")
     assert imports == "IMPORT=results/mtop-8000-locked/scores-h200.json.gz"
     assert (ROOT / imports.split("=")[1]).exists()
     res = subprocess.run(["bash", queue], env=env, capture_output=True, text=True, timeout=120)
@@ -298,17 +299,18 @@ def test_mpnet_comes_after_the_start_and_its_lanes_wait_for_it(tmp_path):
         shutil.rmtree(tmp_path / ".gpu", ignore_errors=True)
         (tmp_path / ".gpu" / f"m{k}").mkdir(parents=True)
         (tmp_path / ".gpu" / f"m{k}" / ("m.a" + "ab"[k - 1])).write_bytes(piece)
-        (tmp_path / ".gpu" / f"m{k}" / "mpnet.sha256").write_text(digest + "\n")
+        (tmp_path / ".gpu" / f"m{k}" / "mpnet.sha256").write_text(f"{digest} 2\n")
 
     runs = "--name a;after:mpnet.ok;--name b"
     carry(1, tar[:half])
     first = _call(tmp_path, runs, limit=1)
-    assert "mpnet's payload: 1 pieces so far" in first.stdout
+    assert "mpnet's payload: 1 of 2 pieces so far" in first.stdout
     R = tmp_path / "runs"
     assert not (R / "mpnet.ok").exists()
     carry(2, tar[half:-1] + b"x")  # a damaged piece: nothing installs
     bad = _call(tmp_path, runs, limit=1)
-    assert "2 pieces so far" in bad.stdout and not (tmp_path / "t" / "mpnet.ok").exists()
+    assert "all 2 pieces in, but they do not match its digest" in bad.stdout
+    assert not (tmp_path / "t" / "mpnet.ok").exists()
     calls = [json.loads(x) for x in (tmp_path / "stub.py.jsonl").read_text().splitlines()]
     assert [c[-1] for c in calls if c[0] == "run"] == [
         f"data.data_dir={tmp_path / 't'}/payload/data"
@@ -349,3 +351,32 @@ def test_the_queue_smoke_runs_each_distinct_run_shrunk_and_on_dev(tmp_path):
         assert last["data.eval_part"] == "dev" and last["candidates.num_queries"] == "64"
         assert last["run_root"] == str(tmp_path / "smoke")
     assert "smoke: smc-1000-mpnet passed" in res.stdout
+
+
+def test_a_barrier_with_its_own_limit_and_an_optional_run_keep_the_lane_going(tmp_path):
+    """``after:PATH@S`` waits at most S seconds; a run written ``?<args>`` that fails is in ``failed`` like any,
+    but its lane goes on (mpnet's arms: where its pieces do not come in time, the label-count arms after it run)."""
+    import json
+
+    (tmp_path / "stub.py").write_text(STUB)
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "site.ok").touch()
+    runs = "--name a --sleep 0.1;after:never@1;?--name fail-e --sleep 0.1;--name b --sleep 0.1|--name slow --sleep 4"
+    t0 = time.time()
+    out = _call(tmp_path, runs, limit=30)
+    assert out.returncode == 0, out.stderr
+    events = [json.loads(x) for x in (tmp_path / "stub.py.jsonl").read_text().splitlines()]
+    start = {e["name"]: e["at"] for e in events if "at" in e}
+    end = {e["name"]: e["end"] for e in events if "end" in e}
+    assert (
+        start["fail-e"] - end["a"] < 3 and start["fail-e"] < end["slow"]
+    )  # 1 s, not AFTER_MAX nor slow's end
+    assert start["b"] >= end["fail-e"]  # the optional run failed, and its lane went on
+    R = tmp_path / "runs"
+    assert (
+        (R / "failed").read_text().split() == ["1"]
+        and (R / "2.done").exists()
+        and not (R / "1.done").exists()
+    )
+    assert "optional, the lane goes on" in (R / "driver0.log").read_text()
+    assert time.time() - t0 < 30

@@ -164,10 +164,15 @@ def encoders_keys(ctx) -> dict:
     import dataclasses
 
     from epr.lm.factory import model_identity
+    from epr.lm.identity import default_device, device_size
 
     cfg = ctx.cfg
+    train = dataclasses.asdict(
+        cfg.train
+    )  # as written, but the length buckets as they act (4 on a CPU, as before)
+    train["length_buckets"] = device_size("train.length_buckets", cfg.train.length_buckets, default_device())
     return {
-        "train": dataclasses.asdict(cfg.train),
+        "train": train,
         "encoder": model_identity(cfg.models.encoder),
         "folds": cfg.truthfulqa.folds,
         "seed": cfg.seed,

@@ -342,3 +342,12 @@ def test_length_buckets_key_the_encoder_where_they_act(tmp_path, monkeypatch):
     assert effective_train(load_config([], []).train, False).length_buckets == 1
     # a run that pins 4 on a GPU (seed 2 of results/mtop-8000-locked, as its seeds 42 and 1 ran) keys as they did
     assert keys("train.length_buckets=4")["length_buckets"] == 4
+    # TruthfulQA's encoders key the written train section, the buckets as they act: 4 on a CPU, as before
+    from epr.truthfulqa.learned import encoders_keys
+
+    def tqa(device):
+        monkeypatch.setattr(identity, "default_device", lambda: device)
+        cfg = load_config([], [f"run_root={tmp_path}", "data.task=truthfulqa"])
+        return encoders_keys(Context(cfg))["train"]["length_buckets"]
+
+    assert (tqa("cpu"), tqa("cuda")) == (4, 1)
