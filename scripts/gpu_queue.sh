@@ -14,10 +14,14 @@
 #
 #     LIMIT=<the lease's seconds left, less 60> bash scripts/gpu_queue.sh
 #
-# A later call in the same lease (the same command) waits on and packs again. What a lease scored comes back in
-# $OUT/scores.json.gz: commit it under results/<folder>/ and add it to IMPORT below, so the next lease scores
-# nothing twice; every run's record comes back in $OUT/records.tgz (record what finished with `epr experiment
-# record`, and take it out of the lanes), whole runs in $OUT/run-<name>.tgz as the device's limits allow.
+# A later call in the same lease (the same command) waits on and packs again. Afterwards, here:
+#
+#     COLLECT=<the folder the last call's files came back to> PY=<venv python> bash scripts/gpu_queue.sh
+#
+# keeps the lease's score export, records and logs under leases/<date>/ (commit them, and add the scores file to
+# IMPORT below, so the next lease scores nothing twice), and records every finished run into its plan's folder
+# (the table `rec` below); a recorded run then leaves the queue by itself. SMOKE=1 tries each queued run, shrunk,
+# on this machine before a lease; DRY_RUN=1 prints the queue.
 #   1. results/mtop-8000-locked (PLAN amendment 3): seed 2, whole on the GPU, round 1's labels imported.
 #   2. results/smcalflow-recipe-choices (PLAN amendment 3): A, E, B, C, D.
 #   3. results/break-recipe-choices (PLAN amendment 3): A, E, B.
@@ -44,8 +48,50 @@ for n in 2000 4000 8000; do lane2+=";$smc --set candidates.num_queries=$n --set 
 lane3="$brk $oracle --set name=break-2000;$wait;?$brk $mpnet --set name=break-2000-mpnet"
 lane3+=";$brk --set candidates.num_queries=4000 --set name=break-4000"
 lane4="$dev --set name=mtop-8000;$wait;?$dev $mpnet --set name=mtop-8000-mpnet"
+# where each run is recorded (its plan's `epr experiment record`): the results folder, the part, the side's name.
+# A run whose rows are there already has left the queue (and the barrier before it): COLLECT below records them.
+declare -A rec=([mtop-8000-locked-s2]="mtop-8000-locked locked s2" [mtop-8000]="mtop-recipe-choices dev r8000gpu2"
+  [mtop-8000-mpnet]="mtop-recipe-choices dev r8000mpnet" [smc-1000-mpnet]="smcalflow-recipe-choices dev r1000mpnet"
+  [break-2000-mpnet]="break-recipe-choices dev r2000mpnet")
+for n in 1000 2000 4000 8000; do rec[smc-$n]="smcalflow-recipe-choices dev r$n"; done
+for n in 2000 4000; do rec[break-$n]="break-recipe-choices dev r$n"; done
+results=${RESULTS:-results}
+name_of() { grep -oE -- '--set name=[^ "]+' <<< "$1" | tail -1 | cut -d= -f2; }
+recorded() { local r; read -ra r <<< "${rec[$1]:-}"; [ -n "${r[0]:-}" ] && [ -e "$results/${r[0]}/rows/per_query-${r[2]}.jsonl.gz" ]; }
+pending() {  # the lane without its recorded runs
+  local out=() held="" s steps
+  IFS=';' read -ra steps <<< "$1"
+  for s in "${steps[@]}"; do
+    if [[ $s == after:* ]]; then held=$s; continue; fi
+    if ! recorded "$(name_of "$s")"; then [ -n "$held" ] && out+=("$held"); out+=("$s"); fi
+    held=""
+  done
+  local IFS=';'; echo "${out[*]}"
+}
+queue=""; for l in "$lane1" "$lane2" "$lane3" "$lane4"; do p=$(pending "$l"); [ -n "$p" ] && queue+="${queue:+|}$p"; done
 export IMPORT="${IMPORT-results/mtop-8000-locked/scores-h200.json.gz}"  # IMPORT= imports none
-export RUNS="${RUNS:-$lane1|$lane2|$lane3|$lane4}"
+export RUNS="${RUNS:-$queue}"
+if [ -n "${COLLECT:-}" ]; then
+  # After a lease, here: COLLECT=<the folder its files came back to>. Keeps the lease's score export, records and
+  # logs under leases/<date>/ (commit them; add the scores file to IMPORT above), unpacks its runs under
+  # $COLLECT_ROOT, and records each finished run of the table above into its results folder (then check and commit)
+  day=$(date -u +%F); keep=${COLLECT_KEEP:-leases/$day}; root=${COLLECT_ROOT:-runs/lease-$day}
+  mkdir -p "$keep" "$root"
+  for f in scores.json.gz records.tgz runs.tgz; do [ -f "$COLLECT/$f" ] && cp "$COLLECT/$f" "$keep/"; done
+  for f in "$COLLECT"/records.tgz "$COLLECT"/run-*.tgz; do [ -f "$f" ] && tar xzf "$f" -C "$root"; done
+  for d in "$root"/*/*/; do
+    n=$(basename "$d"); read -ra r <<< "${rec[$n]:-}"
+    [ -n "${r[0]:-}" ] || { echo "collect: $n is not in the queue's table: not recorded"; continue; }
+    ev=evaluate; [ "${r[1]}" = locked ] && ev=locked/evaluate
+    if [ ! -f "$d/$ev/manifest.json" ]; then echo "collect: $n did not finish: not recorded"; continue; fi
+    if recorded "$n"; then echo "collect: $n is recorded already"; continue; fi
+    ${PY:-python3} -m epr.cli experiment record "${d%/}" "$results/${r[0]}" --part "${r[1]}" --as "${r[2]}" \
+      && echo "collect: $n recorded as ${r[2]} in $results/${r[0]}" || echo "collect: $n FAILED to record"
+  done
+  echo "collect: kept $(ls "$keep" | tr '\n' ' ')in $keep; add $keep/scores.json.gz to IMPORT if it is there"
+  exit 0
+fi
+[ -n "$RUNS" ] || { echo "gpu_queue: every queued run is recorded: nothing to run"; exit 0; }
 if [ "${DRY_RUN:-0}" = 1 ]; then echo "IMPORT=$IMPORT"; tr '|;' '\n\n' <<< "$RUNS"; exit 0; fi
 if [ "${SMOKE:-0}" = 1 ]; then
   # Before a lease, on this machine: each distinct queued run, shrunk (64 labels, a 2,000-row pool, 8 compared

@@ -380,3 +380,52 @@ def test_a_barrier_with_its_own_limit_and_an_optional_run_keep_the_lane_going(tm
     )
     assert "optional, the lane goes on" in (R / "driver0.log").read_text()
     assert time.time() - t0 < 30
+
+
+def test_a_recorded_run_leaves_the_queue_and_collect_records_what_a_lease_finished(tmp_path):
+    """After a lease, ``COLLECT=<its files>`` keeps the score export, records and logs, and records each finished
+    run of the queue's table into its plan's folder under its side's name (the part its plan names); the queue then
+    leaves out every run whose rows are in its folder, with the barrier before it."""
+    import io
+    import json
+    import tarfile
+
+    (tmp_path / "stub.py").write_text(CACHE_STUB)
+    results = tmp_path / "results"
+    back = tmp_path / "back"
+    back.mkdir()
+    with tarfile.open(back / "records.tgz", "w:gz") as t:
+        for name in ("runs/smc-1000/evaluate/manifest.json", "runs/mtop-8000-locked-s2/locked/evaluate/manifest.json",
+                     "runs/smc-2000/scores/manifest.json", "runs/elsewhere/evaluate/manifest.json"):  # fmt: skip
+            info = tarfile.TarInfo(name)
+            info.size = 2
+            t.addfile(info, io.BytesIO(b"{}"))
+    (back / "scores.json.gz").write_bytes(b"scores")
+    env = {**os.environ, "PY": f"{sys.executable} {tmp_path / 'stub.py'}", "RESULTS": str(results),
+           "COLLECT": str(back), "COLLECT_KEEP": str(tmp_path / "keep"), "COLLECT_ROOT": str(tmp_path / "root")}  # fmt: skip
+    for k in ("OUT", "RUNS", "IMPORT", "DRY_RUN", "SMOKE"):
+        env.pop(k, None)
+    queue = str(ROOT / "scripts" / "gpu_queue.sh")
+    res = subprocess.run(["bash", queue], env=env, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    calls = [json.loads(x) for x in (tmp_path / "stub.py.jsonl").read_text().splitlines()]
+    root = tmp_path / "root" / "runs"
+    assert sorted(calls) == sorted([
+        ["experiment", "record", str(root / "mtop-8000-locked-s2"), str(results / "mtop-8000-locked"), "--part", "locked", "--as", "s2"],
+        ["experiment", "record", str(root / "smc-1000"), str(results / "smcalflow-recipe-choices"), "--part", "dev", "--as", "r1000"],
+    ])  # fmt: skip
+    assert "smc-2000 did not finish" in res.stdout and "elsewhere is not in the queue's table" in res.stdout
+    assert sorted(p.name for p in (tmp_path / "keep").iterdir()) == ["records.tgz", "scores.json.gz"]
+
+    # those two recorded (their rows in their folders): the queue runs the rest
+    for folder, side in (("mtop-8000-locked", "s2"), ("smcalflow-recipe-choices", "r1000")):
+        (results / folder / "rows").mkdir(parents=True, exist_ok=True)
+        (results / folder / "rows" / f"per_query-{side}.jsonl.gz").write_bytes(b"")
+    env.pop("COLLECT")
+    plan = subprocess.run(["bash", queue], env={**env, "DRY_RUN": "1"}, capture_output=True, text=True).stdout
+    steps = plan.splitlines()[1:]
+    names = [s.rsplit("name=", 1)[-1] for s in steps]
+    assert "mtop-8000-locked-s2" not in names and "smc-1000" not in names
+    i = names.index("smc-1000-mpnet")
+    assert steps[i - 1] == "after:mpnet.ok@300" and names[i + 1] == "smc-2000"  # E keeps its wait for mpnet
+    assert len([n for n in names if not n.startswith("after:")]) == 9
