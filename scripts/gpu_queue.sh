@@ -18,8 +18,8 @@
 #
 #     COLLECT=<the folder the last call's files came back to> PY=<venv python> bash scripts/gpu_queue.sh
 #
-# keeps the lease's score export, records and logs under leases/<date>/ (commit them, and add the scores file to
-# IMPORT below, so the next lease scores nothing twice), and records every finished run into its plan's folder
+# keeps the lease's score export, records and logs under leases/<date>/ (commit them: the next lease imports every
+# leases/*/scores.json.gz, so it scores nothing twice), and records every finished run into its plan's folder
 # (the table `rec` below); a recorded run then leaves the queue by itself. SMOKE=1 tries each queued run, shrunk,
 # on this machine before a lease; DRY_RUN=1 prints the queue.
 #   1. results/mtop-8000-locked (PLAN amendment 3): seed 2, whole on the GPU, round 1's labels imported.
@@ -69,13 +69,16 @@ pending() {  # the lane without its recorded runs
   local IFS=';'; echo "${out[*]}"
 }
 queue=""; for l in "$lane1" "$lane2" "$lane3" "$lane4"; do p=$(pending "$l"); [ -n "$p" ] && queue+="${queue:+|}$p"; done
-export IMPORT="${IMPORT-results/mtop-8000-locked/scores-h200.json.gz}"  # IMPORT= imports none
+# every earlier lease's scores (IMPORT= imports none): the first lease's, and each one COLLECT kept since
+leases=${LEASES:-leases}
+imports=(results/mtop-8000-locked/scores-h200.json.gz); for f in "$leases"/*/scores.json.gz; do [ -f "$f" ] && imports+=("$f"); done
+export IMPORT="${IMPORT-${imports[*]}}"
 export RUNS="${RUNS:-$queue}"
 if [ -n "${COLLECT:-}" ]; then
   # After a lease, here: COLLECT=<the folder its files came back to>. Keeps the lease's score export, records and
   # logs under leases/<date>/ (commit them; add the scores file to IMPORT above), unpacks its runs under
   # $COLLECT_ROOT, and records each finished run of the table above into its results folder (then check and commit)
-  day=$(date -u +%F); keep=${COLLECT_KEEP:-leases/$day}; root=${COLLECT_ROOT:-runs/lease-$day}
+  day=$(date -u +%F); keep=$leases/$day; root=${COLLECT_ROOT:-runs/lease-$day}
   mkdir -p "$keep" "$root"
   for f in scores.json.gz records.tgz runs.tgz; do [ -f "$COLLECT/$f" ] && cp "$COLLECT/$f" "$keep/"; done
   for f in "$COLLECT"/records.tgz "$COLLECT"/run-*.tgz; do [ -f "$f" ] && tar xzf "$f" -C "$root"; done
@@ -88,7 +91,7 @@ if [ -n "${COLLECT:-}" ]; then
     ${PY:-python3} -m epr.cli experiment record "${d%/}" "$results/${r[0]}" --part "${r[1]}" --as "${r[2]}" \
       && echo "collect: $n recorded as ${r[2]} in $results/${r[0]}" || echo "collect: $n FAILED to record"
   done
-  echo "collect: kept $(ls "$keep" | tr '\n' ' ')in $keep; add $keep/scores.json.gz to IMPORT if it is there"
+  echo "collect: kept $(ls "$keep" | tr '\n' ' ')in $keep (commit it: the next lease imports its scores)"
   exit 0
 fi
 [ -n "$RUNS" ] || { echo "gpu_queue: every queued run is recorded: nothing to run"; exit 0; }

@@ -402,7 +402,7 @@ def test_a_recorded_run_leaves_the_queue_and_collect_records_what_a_lease_finish
             t.addfile(info, io.BytesIO(b"{}"))
     (back / "scores.json.gz").write_bytes(b"scores")
     env = {**os.environ, "PY": f"{sys.executable} {tmp_path / 'stub.py'}", "RESULTS": str(results),
-           "COLLECT": str(back), "COLLECT_KEEP": str(tmp_path / "keep"), "COLLECT_ROOT": str(tmp_path / "root")}  # fmt: skip
+           "COLLECT": str(back), "LEASES": str(tmp_path / "leases"), "COLLECT_ROOT": str(tmp_path / "root")}  # fmt: skip
     for k in ("OUT", "RUNS", "IMPORT", "DRY_RUN", "SMOKE"):
         env.pop(k, None)
     queue = str(ROOT / "scripts" / "gpu_queue.sh")
@@ -415,7 +415,8 @@ def test_a_recorded_run_leaves_the_queue_and_collect_records_what_a_lease_finish
         ["experiment", "record", str(root / "smc-1000"), str(results / "smcalflow-recipe-choices"), "--part", "dev", "--as", "r1000"],
     ])  # fmt: skip
     assert "smc-2000 did not finish" in res.stdout and "elsewhere is not in the queue's table" in res.stdout
-    assert sorted(p.name for p in (tmp_path / "keep").iterdir()) == ["records.tgz", "scores.json.gz"]
+    (kept,) = (tmp_path / "leases").iterdir()  # the lease's day
+    assert sorted(p.name for p in kept.iterdir()) == ["records.tgz", "scores.json.gz"]
 
     # those two recorded (their rows in their folders): the queue runs the rest
     for folder, side in (("mtop-8000-locked", "s2"), ("smcalflow-recipe-choices", "r1000")):
@@ -423,7 +424,8 @@ def test_a_recorded_run_leaves_the_queue_and_collect_records_what_a_lease_finish
         (results / folder / "rows" / f"per_query-{side}.jsonl.gz").write_bytes(b"")
     env.pop("COLLECT")
     plan = subprocess.run(["bash", queue], env={**env, "DRY_RUN": "1"}, capture_output=True, text=True).stdout
-    steps = plan.splitlines()[1:]
+    imports, *steps = plan.splitlines()  # the next lease imports the kept scores too
+    assert imports == f"IMPORT=results/mtop-8000-locked/scores-h200.json.gz {kept}/scores.json.gz"
     names = [s.rsplit("name=", 1)[-1] for s in steps]
     assert "mtop-8000-locked-s2" not in names and "smc-1000" not in names
     i = names.index("smc-1000-mpnet")
