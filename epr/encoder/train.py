@@ -126,7 +126,12 @@ def compute_loss(model: DualEncoder, batch: dict, pool, task, tc, accelerator) -
             loss_fn,
             backward=lambda t, g: accelerator.backward(t, gradient=g),
         )
+    # resolved by effective_train; a caller's raw config gets the training device's size
     nb = tc.length_buckets
+    if nb is None:
+        from epr.lm.identity import device_size
+
+        nb = device_size("train.length_buckets", None, accelerator.device.type)
     loss = loss_fn(unwrapped.embed_buckets(qs, "query", nb), unwrapped.embed_buckets(ds, "prompt", nb))
     accelerator.backward(loss)
     return loss.detach()
