@@ -431,3 +431,9 @@ def test_a_recorded_run_leaves_the_queue_and_collect_records_what_a_lease_finish
     i = names.index("smc-1000-mpnet")
     assert steps[i - 1] == "after:mpnet.ok@300" and names[i + 1] == "smc-2000"  # E keeps its wait for mpnet
     assert len([n for n in names if not n.startswith("after:")]) == 9
+    # a lease that will not carry mpnet's pieces: its arms and their waits are left out
+    plan = subprocess.run(
+        ["bash", queue], env={**env, "DRY_RUN": "1", "MPNET": "0"}, capture_output=True, text=True
+    )
+    steps = plan.stdout.splitlines()[1:]
+    assert not [x for x in steps if "mpnet" in x] and len(steps) == 6
