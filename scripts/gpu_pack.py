@@ -112,9 +112,11 @@ def pack(root: Path, out: Path, max_files: int = MAX_FILES, max_bytes: int = MAX
     log_reserve = sum(p.stat().st_size for p in root.iterdir() if p.is_file()) + MiB  # runs.tgz, at most
     report = {"records.tgz": [r.name for r in runs], "whole": [], "left": []}
 
+    newest = {r: _newest(r) for r in runs}  # walked once a run: it orders the runs and stamps the packed ones
+
     def order(r: Path) -> tuple:
         stamp = r / STAMP
-        changed = not stamp.exists() or float(stamp.read_text() or 0) < _newest(r)
+        changed = not stamp.exists() or float(stamp.read_text() or 0) < newest[r]
         return (not changed, not _finished(r), r.name)
 
     for r in sorted(runs, key=order):
@@ -123,7 +125,6 @@ def pack(root: Path, out: Path, max_files: int = MAX_FILES, max_bytes: int = MAX
         if len(used) + 1 >= max_files or room <= 0:  # one file kept for runs.tgz
             report["left"].append(r.name)
             continue
-        newest = _newest(r)
         try:
             size = _tar(dest, top, [r, *_files(r, kept)])
         except OSError as e:  # the run's folder changed under the packing: it comes in a later call
@@ -135,7 +136,7 @@ def pack(root: Path, out: Path, max_files: int = MAX_FILES, max_bytes: int = MAX
             report["left"].append(f"{r.name} ({size / MiB:.1f} MiB)")
             continue
         used.append(size)
-        (r / STAMP).write_text(repr(newest))
+        (r / STAMP).write_text(repr(newest[r]))
         report["whole"].append(r.name)
     text = "".join(f"{k}: {' '.join(v) or '-'}\n" for k, v in report.items())
     logs = [p for p in sorted(root.iterdir()) if p.is_file()]

@@ -111,7 +111,7 @@ if [ "${SMOKE:-0}" = 1 ]; then
     [[ -z $r || $r == after:* ]] && continue; r=${r#\?}
     key=$(sed -E 's/--set (name|candidates\.num_queries|data\.eval_part|train\.seed|train\.length_buckets)=[^ ]*//g' <<< "$r" | tr -s ' ')
     [ -n "${seen[$key]:-}" ] && continue; seen[$key]=1
-    name=$(grep -oE 'name=[^ ]+' <<< "$r" | tail -1 | cut -d= -f2)
+    name=$(name_of "$r")
     echo "smoke: $name"
     if eval "${PY:-python3} -m epr.cli run $r $small --set run_root=$root" > "$root/$name.log" 2>&1 < /dev/null; then
       echo "smoke: $name passed"
