@@ -40,7 +40,7 @@ def add_parser(sub, common) -> None:
 def run(ctx, args: argparse.Namespace) -> int:
     """``epr cache export|import FILE``: the run root's LM score stores as one portable file (labels scored on one
     machine are not scored again on another; each score is served only under its own model/dtype/forward key)."""
-    from epr.lm.factory import scoring_key
+    from epr.lm.factory import accepted_stores, scoring_key
     from epr.lm.score_cache import export_scores, import_scores
 
     root = Path(ctx.cfg.run_root) / ".cache" / "scores"
@@ -65,7 +65,14 @@ def run(ctx, args: argparse.Namespace) -> int:
         sys.stdout.write(
             f"{root / store}: {c['added']} added, {c['kept']} already held, {c['conflicts']} conflicts\n"
         )
-    for line in unread_stores(root, list(got), [scoring_key(ctx.cfg), scoring_key(ctx.cfg, inference=True)]):
+    accepted = {
+        d.name for d in accepted_stores(ctx.cfg)
+    }  # scoring.accept_devices: read by this config's labels
+    for line in unread_stores(
+        root,
+        [s for s in got if s not in accepted],
+        [scoring_key(ctx.cfg), scoring_key(ctx.cfg, inference=True)],
+    ):
         sys.stdout.write(line + "\n")
     return 0
 
@@ -93,6 +100,7 @@ def unread_stores(root: Path, stores: list[str], mine: list[dict]) -> list[str]:
         )
         out.append(
             f"note: this config's runs will not read {root / store} ({diff}): a score is served only to the "
-            "computation that made it (epr.lm.factory.scoring_key): a run with those settings, on such a device, reads it"
+            "computation that made it (epr.lm.factory.scoring_key): a run with those settings, on such a device, reads it "
+            "(or one that sets scoring.accept_devices to take another device's labels)"
         )
     return out

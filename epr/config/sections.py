@@ -182,11 +182,15 @@ class ScoringConfig:
     forward: str = opt(
         "fast", "fast: epr.lm.fastlm (Llama-family); hf: the transformers forward", ("fast", "hf")
     )
-    compile: bool = opt(
-        False, "torch.compile the forward (one-off compile of minutes; pays off on long runs)"
-    )
+    compile: bool = opt(False, "torch.compile the forward (a one-off compile of minutes: for long runs)")
     prefix_share: bool = opt(
         True, "each demonstration's key/value cache computed once for all its [x][y] suffixes"
+    )
+    accept_devices: tuple[str, ...] = opt(
+        (),
+        "labels also take this LM's scores (same dtype, forward) from these devices' stores, any batch layout "
+        "(bf16 rounding differs; keyed): a GPU lease's imported labels finished on a CPU",
+        ("cpu", "cuda", "mps"),
     )
 
 

@@ -23,6 +23,8 @@ __all__ = [
     "lm_spec",
     "lm_key",
     "scoring_key",
+    "label_key",
+    "accepted_stores",
     "score_cache",
     "load",
     "scorer_for",
@@ -94,12 +96,57 @@ def scoring_key(cfg, inference: bool = False) -> dict:
     return key
 
 
+# the key fields that only move a bf16 score's rounding: where (device) and how (batch layout) it was computed
+LAYOUT_FIELDS = ("device", "batch_tokens", "prefix_share")
+
+
+def label_key(cfg) -> dict:
+    """What the labels' scores depend on: the scoring LM's ``scoring_key``, and the devices whose stores the run
+    also accepts (``scoring.accept_devices``, where set: a run that took another device's scores is another
+    computation's labels, so its stage and everything downstream is keyed apart)."""
+    key = scoring_key(cfg)
+    devices = cfg.scoring.accept_devices
+    return key | {"accept_devices": sorted(devices)} if devices and not cfg.server.base_url else key
+
+
+def accepted_stores(cfg) -> list[Path]:
+    """The run root's score stores the labels also read (``scoring.accept_devices``): the same scoring LM, dtype
+    and forward as this run's (``scoring_key`` except :data:`LAYOUT_FIELDS`), computed on one of those devices in
+    any batch layout; this run's own store excluded. In store-name order, so which store serves a pair two of them
+    hold does not depend on the order they arrived in."""
+    import json
+
+    devices = set(cfg.scoring.accept_devices)
+    if not devices or cfg.server.base_url:
+        return []
+    from epr.cache import fingerprint
+
+    mine = scoring_key(cfg)
+    root = Path(cfg.run_root) / ".cache" / "scores"
+    out = []
+    for kf in sorted(root.glob("*/KEY.json")):
+        key = json.loads(kf.read_text(encoding="utf-8"))
+        fields = (set(key) | set(mine)) - set(LAYOUT_FIELDS)
+        if (
+            kf.parent.name != fingerprint(mine)
+            and all(key.get(f) == mine.get(f) for f in fields)
+            and str(key.get("device")) in devices
+        ):
+            out.append(kf.parent)
+    return out
+
+
 def score_cache(cfg, inference: bool = False):
     """The run root's shared score store for this computation (``scoring_key``): the scoring LM's, or the inference
-    LM's."""
+    LM's. The scoring LM's also serves, where it holds no score, those of :func:`accepted_stores` (new scores are
+    written to its own store only)."""
     from epr.lm.score_cache import ScoreCache
 
-    return ScoreCache(Path(cfg.run_root) / ".cache" / "scores", scoring_key(cfg, inference))
+    root = Path(cfg.run_root) / ".cache" / "scores"
+    cache = ScoreCache(root, scoring_key(cfg, inference))
+    if not inference:
+        cache.accept([ScoreCache.open(d) for d in accepted_stores(cfg)])
+    return cache
 
 
 def load(spec: LMSpec):

@@ -49,7 +49,24 @@ class ScoreCache:
             atomic_write_text(kf, json.dumps(key, indent=2, sort_keys=True) + "\n")
         self._mem: dict[str, float] = {}
         self._seen: set[str] = set()
+        self._others: list[ScoreCache] = []
+        self.served: dict[str, int] = {}  # scores each accepted store served (``accept``)
         self.refresh()
+
+    @classmethod
+    def open(cls, store: str | Path) -> ScoreCache:
+        """An existing store, by its folder (its key is read from its ``KEY.json``)."""
+        store = Path(store)
+        cache = cls(store.parent, json.loads((store / "KEY.json").read_text(encoding="utf-8")))
+        if cache.dir != store:
+            raise RuntimeError(f"score cache {store}: its KEY.json names another store ({cache.dir.name})")
+        return cache
+
+    def accept(self, others: Sequence[ScoreCache]) -> None:
+        """Serve, where this store holds no score for a pair, the first of ``others`` that does (read only: new
+        scores are written to this store); ``served`` counts what each of them gave."""
+        self._others = list(others)
+        self.served = {o.dir.name: 0 for o in self._others}
 
     def refresh(self) -> None:
         """Read shards written since the last call (by this or another process)."""
@@ -71,7 +88,14 @@ class ScoreCache:
         return dict(self._mem)
 
     def get(self, contexts: Sequence[str], targets: Sequence[str]) -> list[float | None]:
-        return [self._mem.get(pair_key(c, t)) for c, t in zip(contexts, targets)]
+        keys = [pair_key(c, t) for c, t in zip(contexts, targets)]
+        out = [self._mem.get(k) for k in keys]
+        for other in self._others:
+            for i, k in enumerate(keys):
+                if out[i] is None and (v := other._mem.get(k)) is not None:
+                    out[i] = v
+                    self.served[other.dir.name] += 1
+        return out
 
     def put(
         self, contexts: Sequence[str], targets: Sequence[str], scores: Sequence[float], name: str

@@ -8,7 +8,7 @@ from pathlib import Path
 from epr.cache import cached_digest
 from epr.config import parse_retriever_name
 from epr.context import Context
-from epr.lm.factory import scoring_key
+from epr.lm.factory import label_key, scoring_key
 
 # Options added after runs were made whose default reproduces what the code did before them: left out of a stage's
 # keys while at that default, so that adding an option does not orphan every trained encoder and cached row.
@@ -95,7 +95,7 @@ def _retrieve_keys(ctx: Context) -> dict:
     if "sbert" in firsts:
         keys["sbert"] = cfg.models.encoder
     if "lm-oracle" in firsts:
-        keys["lm_oracle"] = {"L": rc.oracle_candidates or cfg.candidates.L, **scoring_key(cfg)}
+        keys["lm_oracle"] = {"L": rc.oracle_candidates or cfg.candidates.L, **label_key(cfg)}
     return keys
 
 
@@ -135,7 +135,7 @@ def _predict_keys(ctx: Context) -> dict:
 
 
 def _scoring_keys(ctx: Context) -> dict:
-    return scoring_key(ctx.cfg)
+    return label_key(ctx.cfg)
 
 
 def _encoder_keys(ctx: Context) -> dict:

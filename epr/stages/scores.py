@@ -204,6 +204,9 @@ def run_scores(ctx: Context, out: Path, fp: str) -> dict:
         mem = gpu_memory(device)
         if mem:
             speed["gpu_memory"] = mem
+        if cache.served:  # scoring.accept_devices: the scores other devices' stores gave (not scored here)
+            speed["served_by_accepted_stores"] = dict(cache.served)
+            log.info("scores: served by other devices' stores %s", cache.served)
         log.info(
             "scores: %d sequences scored in %.0f s (%.2f/s on rank %d; %s)%s",
             new,

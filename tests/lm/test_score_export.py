@@ -222,3 +222,78 @@ def test_an_import_no_run_of_this_config_reads_says_what_differs(tmp_path, capsy
     assert len(notes) == 1 and ScoreCache(run_root / ".cache" / "scores", gpu).dir.name in notes[0]
     assert "device 'cuda' there, 'cpu' here" in notes[0]
     assert ScoreCache(run_root / ".cache" / "scores", mine).dir.name not in notes[0]
+
+    # a config that accepts the GPU's labels (same dtype there) reads that store: no note for it
+    same = {**mine, "device": "cuda", "batch_tokens": 65536, "prefix_share": True}
+    src2 = tmp_path / "src2"
+    ScoreCache(src2, same).put(["x"], ["1"], [-1.0], "t")
+    f2 = tmp_path / "gpu.json.gz"
+    export_scores(src2, f2)
+    accept = ["--set", f"run_root={run_root}", "--set", "scoring.accept_devices=[cuda]"]
+    assert main(["cache", "import", str(f2), *accept]) == 0
+    assert "note:" not in capsys.readouterr().out
+    assert main(["cache", "import", str(f2), "--set", f"run_root={run_root}"]) == 0
+    assert "note:" in capsys.readouterr().out
+
+
+def test_accepted_devices_serve_labels_and_the_rest_is_scored_here(
+    tmp_path, tiny_task_files, tiny_lm_dir, monkeypatch
+):
+    """``scoring.accept_devices``: a CPU run takes the labels a GPU's store holds (same LM, dtype and forward, any
+    batch layout), scores only the pairs it lacks into its own store, counts what each store served, and is keyed
+    apart from a run that took none; a store of another dtype or LM is never read, nor a device not listed."""
+    from epr.cache import read_manifest
+    from epr.lm.factory import accepted_stores, scoring_key
+    from epr.lm.scoring import LMScorer
+
+    a = make_ctx(tmp_path / "a", tiny_task_files, tiny_lm_dir)
+    pipeline.run(a, until="scores")
+    plain = ScoreCache(tmp_path / "a" / "runs" / ".cache" / "scores", scoring_key(a.cfg)).items()
+    assert len(plain) == 144
+
+    root = tmp_path / "b" / "runs" / ".cache" / "scores"
+    mine = scoring_key(a.cfg)  # the same config on the same CPU: b's own store's key
+    gpu = {**mine, "device": "cuda", "batch_tokens": 16384, "prefix_share": True}
+    held = sorted(plain)[
+        10:
+    ]  # the GPU scored all but 10 pairs, each 0.5 nats off the CPU's (its own rounding)
+    gpu_store = ScoreCache(root, gpu)
+    (gpu_store.dir / "shard-t-all.json").write_text(json.dumps({k: plain[k] - 0.5 for k in held}))
+    for other in ({**gpu, "dtype": "bf16"}, {**gpu, "lm": "another"}, {**mine, "device": "mps"}):
+        c = ScoreCache(root, other)  # never read: another dtype, another LM, a device not listed
+        (c.dir / "shard-t-all.json").write_text(json.dumps({k: -99.0 for k in plain}))
+
+    calls = []
+    for method in ("score_pairs", "score_prefixed"):
+        real = getattr(LMScorer, method)
+
+        def counted(self, *args, _real=real, **kw):
+            calls.append(len(args[-1] if "pairs" not in kw else kw["pairs"]))
+            return _real(self, *args, **kw)
+
+        monkeypatch.setattr(LMScorer, method, counted)
+    b = make_ctx(tmp_path / "b", tiny_task_files, tiny_lm_dir, "scoring.accept_devices=[cuda]")
+    assert [d.name for d in accepted_stores(b.cfg)] == [gpu_store.dir.name]
+    pipeline.run(b, until="scores")
+    assert sum(calls) == 10  # only the pairs the GPU's store lacks
+    own = ScoreCache(root, mine).items()
+    assert own == {k: plain[k] for k in sorted(plain)[:10]}  # scored here, into this device's store only
+    from epr.stages.scores import scored_pairs
+
+    got = {}
+    rows = [json.loads(x) for x in (b.stage_dir("scores") / "scores.jsonl").read_text().splitlines()]
+    by_q = {r.qid: r for r in b.rankings("candidates", "candidates.jsonl")}
+    pool = b.examples("pool")
+    for row in rows:
+        _, ctxs, tgts, _ = scored_pairs(b.task, pool, [by_q[row["qid"]]])
+        got.update({pair_key(c, t): s for c, t, s in zip(ctxs, tgts, row["scores"])})
+    assert got == {k: (plain[k] - 0.5 if k in set(held) else plain[k]) for k in plain}
+    speed = read_manifest(b.stage_dir("scores"))["scoring_speed"]
+    assert speed["served_by_accepted_stores"] == {gpu_store.dir.name: 134}
+
+    # keyed apart: the same config without accepting is another stage, which reads this device's store only
+    calls.clear()
+    c = make_ctx(tmp_path / "b", tiny_task_files, tiny_lm_dir)
+    assert read_manifest(b.stage_dir("scores"))["fingerprint"] != pipeline.stage_fingerprint(c, "scores")
+    pipeline.run(c, until="scores")
+    assert sum(calls) == 134 and ScoreCache(root, mine).items() == plain
