@@ -40,6 +40,8 @@ def add_parser(sub, common) -> None:
 def run(ctx, args: argparse.Namespace) -> int:
     """``epr cache export|import FILE``: the run root's LM score stores as one portable file (labels scored on one
     machine are not scored again on another; each score is served only under its own model/dtype/forward key)."""
+    import json
+
     from epr.lm.factory import accepted_stores, scoring_key
     from epr.lm.score_cache import export_scores, import_scores
 
@@ -55,6 +57,8 @@ def run(ctx, args: argparse.Namespace) -> int:
 
             only = run_pair_keys(ctx)
         key = scoring_key(ctx.cfg) if args.this_lm or args.this_run else None
+        if args.this_run:  # its labels' scores: its own store's, then those of the stores it accepts
+            key = [key] + [json.loads((d / "KEY.json").read_text()) for d in accepted_stores(ctx.cfg)]
         counts = export_scores(root, args.file, key, only, args.skip)
         for store, n in counts.items():
             sys.stdout.write(f"exported {n} scores of {root / store}\n")

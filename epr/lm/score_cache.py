@@ -238,14 +238,16 @@ def read_export(path: str | Path) -> list[dict]:
 def export_scores(
     root: str | Path,
     path: str | Path,
-    key: dict | None = None,
+    key: dict | list[dict] | None = None,
     only: set[str] | None = None,
     skip: Sequence[str | Path] = (),
 ) -> dict[str, int]:
-    """Write the score stores under ``root`` (a run root's ``.cache/scores``; only ``key``'s when given) to one
-    gzipped JSON file that :func:`import_scores` reads on another machine: labels scored once travel with a
-    repository instead of being scored again. ``only``: just these pair keys (:func:`pair_key`; one run's pairs);
-    a pair of ``only`` that the store does not hold is an error (the run is not fully scored). ``skip``: earlier
+    """Write the score stores under ``root`` (a run root's ``.cache/scores``; only ``key``'s when given, or the
+    stores of a list of keys) to one gzipped JSON file that :func:`import_scores` reads on another machine: labels
+    scored once travel with a repository instead of being scored again. ``only``: just these pair keys
+    (:func:`pair_key`; one run's pairs), each from the first of the stores that holds it (a run's own store, then
+    those it accepts: ``ScoreCache.accept``); a pair of ``only`` that no store holds is an error (the run is not
+    fully scored). ``skip``: earlier
     exports whose pairs (of the same store) are left out, so a long run carried across machines in stages commits
     each stage's new scores once (a store left with none is not written). Returns entries per store fingerprint."""
     import gzip
@@ -259,8 +261,15 @@ def export_scores(
             raise InputError(f"{p}: the file to write is also one to skip; name the new stage another file")
         for s in read_export(p):
             carried.setdefault(fingerprint(s["key"]), set()).update(s["scores"])
-    dirs = [root / fingerprint(key)] if key is not None else sorted(p.parent for p in root.glob("*/KEY.json"))
+    keys = [key] if isinstance(key, dict) else key
+    dirs = (
+        [root / fingerprint(k) for k in keys]
+        if keys is not None
+        else sorted(p.parent for p in root.glob("*/KEY.json"))
+    )
     stores, counts = [], {}
+    taken: set[str] = set()  # ``only``'s pairs an earlier store gave
+    carried_any = set().union(*carried.values()) if carried else set()
     for d in dirs:
         if not (d / "KEY.json").exists():
             raise FileNotFoundError(f"{d}: no score store for this computation (nothing scored yet?)")
@@ -272,18 +281,19 @@ def export_scores(
         held = c.items()
         done = carried.get(d.name, set())
         if only is not None:
-            missing = only - held.keys() - done
-            if missing:
-                raise FileNotFoundError(
-                    f"{d}: {len(missing)} of the run's {len(only)} pairs are not scored yet; finish the scores "
-                    "stage first (the export would be partial)"
-                )
-            held = {k: held[k] for k in only if k in held}
+            held = {k: held[k] for k in only - taken if k in held}
+            taken |= held.keys()
         held = {k: v for k, v in held.items() if k not in done}
         stores.append({"key": c.key, "scores": dict(sorted(held.items()))})
         counts[d.name] = len(held)
     if not stores:
         raise FileNotFoundError(f"{root}: no score stores to export")
+    missing = set() if only is None else only - taken - carried_any
+    if missing:
+        raise FileNotFoundError(
+            f"{dirs[0]}: {len(missing)} of the run's {len(only)} pairs are not scored yet; finish the scores "
+            "stage first (the export would be partial)"
+        )
     # a store that earlier stages carry whole is not written again
     stores = [s for s in stores if s["scores"] or not skip]
     tmp = Path(path).with_name(Path(path).name + ".tmp")

@@ -290,6 +290,15 @@ def test_accepted_devices_serve_labels_and_the_rest_is_scored_here(
     assert got == {k: (plain[k] - 0.5 if k in set(held) else plain[k]) for k in plain}
     speed = read_manifest(b.stage_dir("scores"))["scoring_speed"]
     assert speed["served_by_accepted_stores"] == {gpu_store.dir.name: 134}
+    # `--this-run` ships the run's labels from every store they came from, each score under its own key
+    f = tmp_path / "run.json.gz"
+    args = ("cache", "export", str(f), "--this-run", "--set", "scoring.accept_devices=[cuda]")
+    assert cli(tmp_path / "b", tiny_task_files, tiny_lm_dir, *args) == 0
+    shipped = {fingerprint(x["key"]): x["scores"] for x in read_export(f)}
+    assert shipped == {
+        ScoreCache(root, mine).dir.name: own,
+        gpu_store.dir.name: {k: plain[k] - 0.5 for k in held},
+    }
 
     # keyed apart: the same config without accepting is another stage, which reads this device's store only
     calls.clear()
