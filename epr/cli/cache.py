@@ -57,8 +57,10 @@ def run(ctx, args: argparse.Namespace) -> int:
 
             only = run_pair_keys(ctx)
         key = scoring_key(ctx.cfg) if args.this_lm or args.this_run else None
-        if args.this_run:  # its labels' scores: its own store's, then those of the stores it accepts
-            key = [key] + [json.loads((d / "KEY.json").read_text()) for d in accepted_stores(ctx.cfg)]
+        if (
+            args.this_run
+        ):  # its labels' scores, from where the run read them: the stores it accepts, then its own
+            key = [json.loads((d / "KEY.json").read_text()) for d in accepted_stores(ctx.cfg)] + [key]
         counts = export_scores(root, args.file, key, only, args.skip)
         for store, n in counts.items():
             sys.stdout.write(f"exported {n} scores of {root / store}\n")
@@ -88,6 +90,7 @@ def unread_stores(root: Path, stores: list[str], mine: list[dict]) -> list[str]:
     silently."""
     import json
 
+    from epr.lm.factory import LAYOUT_FIELDS, key_diff
     from epr.lm.score_cache import ScoreCache
 
     here = {ScoreCache(root, k).dir.name: k for k in mine}
@@ -97,14 +100,16 @@ def unread_stores(root: Path, stores: list[str], mine: list[dict]) -> list[str]:
             continue
         key = json.loads((root / store / "KEY.json").read_text(encoding="utf-8"))
         near = min(mine, key=lambda k: sum(k.get(f) != key.get(f) for f in set(k) | set(key)))
-        diff = ", ".join(
-            f"{f} {key.get(f)!r} there, {near.get(f)!r} here"
-            for f in sorted(set(near) | set(key))
-            if near.get(f) != key.get(f)
-        )
+        differ = {f for f in set(near) | set(key) if near.get(f) != key.get(f)}
+        hint = ""
+        if near is mine[0] and differ <= set(LAYOUT_FIELDS):  # the labels' LM, another device or batch layout
+            hint = (
+                f"; its labels are read by a run with --set 'scoring.accept_devices=[{key.get('device')}]' "
+                "(they round as that device computed them)"
+            )
         out.append(
-            f"note: this config's runs will not read {root / store} ({diff}): a score is served only to the "
-            "computation that made it (epr.lm.factory.scoring_key): a run with those settings, on such a device, reads it "
-            "(or one that sets scoring.accept_devices to take another device's labels)"
+            f"note: this config's runs will not read {root / store} ({key_diff(key, near)}): a score is served "
+            "only to the computation that made it (epr.lm.factory.scoring_key): a run with those settings, on such "
+            f"a device, reads it{hint}"
         )
     return out

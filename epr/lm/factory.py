@@ -24,6 +24,7 @@ __all__ = [
     "lm_key",
     "scoring_key",
     "label_key",
+    "key_diff",
     "accepted_stores",
     "score_cache",
     "load",
@@ -106,7 +107,16 @@ def label_key(cfg) -> dict:
     computation's labels, so its stage and everything downstream is keyed apart)."""
     key = scoring_key(cfg)
     devices = cfg.scoring.accept_devices
-    return key | {"accept_devices": sorted(devices)} if devices and not cfg.server.base_url else key
+    return key | {"accept_devices": sorted(set(devices))} if devices and not cfg.server.base_url else key
+
+
+def key_diff(key: dict, mine: dict) -> str:
+    """The fields two computation keys differ in, as ``field X there, Y here``."""
+    return ", ".join(
+        f"{f} {key.get(f)!r} there, {mine.get(f)!r} here"
+        for f in sorted(set(mine) | set(key))
+        if mine.get(f) != key.get(f)
+    )
 
 
 def accepted_stores(cfg) -> list[Path]:
@@ -138,14 +148,33 @@ def accepted_stores(cfg) -> list[Path]:
 
 def score_cache(cfg, inference: bool = False):
     """The run root's shared score store for this computation (``scoring_key``): the scoring LM's, or the inference
-    LM's. The scoring LM's also serves, where it holds no score, those of :func:`accepted_stores` (new scores are
-    written to its own store only)."""
+    LM's. The scoring LM's serves first the scores of :func:`accepted_stores`, where they hold one (new scores are
+    written to its own store only); a run that sets ``scoring.accept_devices`` with no such store is an error
+    naming the nearest store's differing fields (an import not done, or another dtype on this machine), not labels
+    silently scored here."""
     from epr.lm.score_cache import ScoreCache
 
     root = Path(cfg.run_root) / ".cache" / "scores"
     cache = ScoreCache(root, scoring_key(cfg, inference))
-    if not inference:
-        cache.accept([ScoreCache.open(d) for d in accepted_stores(cfg)])
+    if inference or not cfg.scoring.accept_devices or cfg.server.base_url:
+        return cache
+    stores = accepted_stores(cfg)
+    if not stores:
+        import json
+
+        from epr.types import InputError
+
+        mine = scoring_key(cfg)
+        keys = [json.loads(f.read_text(encoding="utf-8")) for f in sorted(root.glob("*/KEY.json"))]
+        keys = [k for k in keys if k != mine]
+        near = min(keys, key=lambda k: len(key_diff(k, mine).split(", ")), default=None)
+        raise InputError(
+            f"scoring.accept_devices={list(cfg.scoring.accept_devices)}: no score store under {root} was computed "
+            "by this scoring LM, dtype and forward on those devices, so no label would come from one ("
+            + (f"the nearest differs in: {key_diff(near, mine)}" if near else "there is no other store")
+            + "); import the other device's scores first (epr cache import), or drop the option"
+        )
+    cache.accept([ScoreCache.open(d) for d in stores])
     return cache
 
 

@@ -63,8 +63,8 @@ class ScoreCache:
         return cache
 
     def accept(self, others: Sequence[ScoreCache]) -> None:
-        """Serve, where this store holds no score for a pair, the first of ``others`` that does (read only: new
-        scores are written to this store); ``served`` counts what each of them gave."""
+        """Serve a pair's score from the first of ``others`` that holds it, before this store (read only: new
+        scores are written to this store); ``served`` counts the look-ups each of them answered."""
         self._others = list(others)
         self.served = {o.dir.name: 0 for o in self._others}
 
@@ -89,13 +89,23 @@ class ScoreCache:
 
     def get(self, contexts: Sequence[str], targets: Sequence[str]) -> list[float | None]:
         keys = [pair_key(c, t) for c, t in zip(contexts, targets)]
-        out = [self._mem.get(k) for k in keys]
-        for other in self._others:
-            for i, k in enumerate(keys):
+        out: list[float | None] = [None] * len(keys)
+        for other in self._others:  # the accepted stores first: a run's labels do not depend on what this
+            for i, k in enumerate(keys):  # device's store happened to hold already
                 if out[i] is None and (v := other._mem.get(k)) is not None:
                     out[i] = v
                     self.served[other.dir.name] += 1
-        return out
+        return [self._mem.get(k) if v is None else v for k, v in zip(keys, out)]
+
+    def sources(self, pairs: set[str]) -> dict[str, int]:
+        """How many of ``pairs`` (pair keys) each store serves, in :meth:`get`'s order: the accepted stores, then
+        this one; ``missing``: held by none."""
+        left, out = set(pairs), {}
+        for c in [*self._others, self]:
+            mine = {k for k in left if k in c._mem}
+            out[c.dir.name] = len(mine)
+            left -= mine
+        return out | {"missing": len(left)}
 
     def put(
         self, contexts: Sequence[str], targets: Sequence[str], scores: Sequence[float], name: str
@@ -269,7 +279,7 @@ def export_scores(
     )
     stores, counts = [], {}
     taken: set[str] = set()  # ``only``'s pairs an earlier store gave
-    carried_any = set().union(*carried.values()) if carried else set()
+    carried_any = set().union(*(carried.get(d.name, set()) for d in dirs))  # --skip files, these stores only
     for d in dirs:
         if not (d / "KEY.json").exists():
             raise FileNotFoundError(f"{d}: no score store for this computation (nothing scored yet?)")

@@ -204,9 +204,8 @@ def run_scores(ctx: Context, out: Path, fp: str) -> dict:
         mem = gpu_memory(device)
         if mem:
             speed["gpu_memory"] = mem
-        if cache.served:  # scoring.accept_devices: the scores other devices' stores gave (not scored here)
-            speed["served_by_accepted_stores"] = dict(cache.served)
-            log.info("scores: served by other devices' stores %s", cache.served)
+        if cache.served:  # scoring.accept_devices: what other devices' stores answered (the manifest's
+            log.info("scores: served by other devices' stores %s", cache.served)  # label_sources: every pair)
         log.info(
             "scores: %d sequences scored in %.0f s (%.2f/s on rank %d; %s)%s",
             new,
@@ -235,6 +234,13 @@ def run_scores(ctx: Context, out: Path, fp: str) -> dict:
     n_null = sum(s is None for r in rows for s in r["scores"])
     write_jsonl(out / "scores.jsonl", rows)
     res = {"rows": {"queries": len(rows), "sequences": sum(len(r["ids"]) for r in rows), "too_long": n_null}}
-    if todo:
-        res["extra"] = {"scoring_speed": {"machine": describe(machine()), **speed}}
+    res["extra"] = {"scoring_speed": {"machine": describe(machine()), **speed}} if todo else {}
+    if ctx.cfg.scoring.accept_devices and not ctx.cfg.server.base_url:
+        # where each of the run's distinct pairs' score comes from (every chunk, every attempt and process): the
+        # accepted stores first, then this device's (``missing``: too long for the LM)
+        from epr.lm.score_cache import pair_key
+
+        _, contexts, targets, _ = scored_pairs(ctx.task, pool, rankings)
+        keys = {pair_key(c, t) for c, t in zip(contexts, targets)}
+        res["extra"]["label_sources"] = score_cache(ctx.cfg).sources(keys)
     return res

@@ -10,6 +10,7 @@ from epr import pipeline
 from epr.cache import fingerprint
 from epr.cli import main
 from epr.lm.score_cache import ScoreCache, export_scores, import_scores, pair_key, read_export
+from epr.types import InputError
 from tests.stages.test_pipeline import ctx_overrides, make_ctx
 
 
@@ -233,7 +234,9 @@ def test_an_import_no_run_of_this_config_reads_says_what_differs(tmp_path, capsy
     assert main(["cache", "import", str(f2), *accept]) == 0
     assert "note:" not in capsys.readouterr().out
     assert main(["cache", "import", str(f2), "--set", f"run_root={run_root}"]) == 0
-    assert "note:" in capsys.readouterr().out
+    out = capsys.readouterr().out  # the note says how to read it: only a device or batch layout differs
+    assert "note:" in out and "--set 'scoring.accept_devices=[cuda]'" in out
+    assert "accept_devices" not in notes[0] or gpu["dtype"] == mine["dtype"]  # another dtype: no such hint
 
 
 def test_accepted_devices_serve_labels_and_the_rest_is_scored_here(
@@ -288,8 +291,9 @@ def test_accepted_devices_serve_labels_and_the_rest_is_scored_here(
         _, ctxs, tgts, _ = scored_pairs(b.task, pool, [by_q[row["qid"]]])
         got.update({pair_key(c, t): s for c, t, s in zip(ctxs, tgts, row["scores"])})
     assert got == {k: (plain[k] - 0.5 if k in set(held) else plain[k]) for k in plain}
-    speed = read_manifest(b.stage_dir("scores"))["scoring_speed"]
-    assert speed["served_by_accepted_stores"] == {gpu_store.dir.name: 134}
+    first = (b.stage_dir("scores") / "scores.jsonl").read_bytes()
+    sources = {gpu_store.dir.name: 134, ScoreCache(root, mine).dir.name: 10, "missing": 0}
+    assert read_manifest(b.stage_dir("scores"))["label_sources"] == sources
     # `--this-run` ships the run's labels from every store they came from, each score under its own key
     f = tmp_path / "run.json.gz"
     args = ("cache", "export", str(f), "--this-run", "--set", "scoring.accept_devices=[cuda]")
@@ -306,3 +310,18 @@ def test_accepted_devices_serve_labels_and_the_rest_is_scored_here(
     assert read_manifest(b.stage_dir("scores"))["fingerprint"] != pipeline.stage_fingerprint(c, "scores")
     pipeline.run(c, until="scores")
     assert sum(calls) == 134 and ScoreCache(root, mine).items() == plain
+    # accepting again, with this device's store now holding every pair: the GPU's labels still come first
+    calls.clear()
+    b = make_ctx(tmp_path / "b", tiny_task_files, tiny_lm_dir, "scoring.accept_devices=[cuda]")
+    pipeline.run(b, until="scores")
+    assert sum(calls) == 0 and read_manifest(b.stage_dir("scores"))["label_sources"] == sources
+    assert (b.stage_dir("scores") / "scores.jsonl").read_bytes() == first
+
+    # asked to accept with no such store (the import not done): an error naming what differs, nothing scored
+    d = make_ctx(tmp_path / "d", tiny_task_files, tiny_lm_dir, "scoring.accept_devices=[cuda]")
+    ScoreCache(tmp_path / "d" / "runs" / ".cache" / "scores", {**gpu, "dtype": "bf16"})
+    with pytest.raises(
+        InputError, match=r"scoring.accept_devices=\['cuda'\]: no score store .* dtype 'bf16'"
+    ):
+        pipeline.run(d, until="scores")
+    assert calls == []
