@@ -157,6 +157,18 @@ def chunk_rankings(ctx: Context, rankings: list[Ranking], cs: int) -> list[list[
     return chunks
 
 
+class _Lazy:
+    """An object made on its first attribute access."""
+
+    def __init__(self, make):
+        self._make, self._obj = make, None
+
+    def __getattr__(self, name):
+        if self._obj is None:
+            self._obj = self._make()
+        return getattr(self._obj, name)
+
+
 def run_scores(ctx: Context, out: Path, fp: str) -> dict:
     cs = ctx.cfg.scoring.chunk_size
     pool = ctx.examples("pool")
@@ -175,7 +187,9 @@ def run_scores(ctx: Context, out: Path, fp: str) -> dict:
         cache = score_cache(ctx.cfg)
         log.info("scores: %d scores in the shared cache %s", len(cache), cache.dir)
         device = device_for_rank(ctx.dist.rank, ctx.dist.world)
-        scorer = build_scorer(ctx.cfg, device=device)
+        # loaded when a pair is first missing from the stores (labels a cache serves whole need no LM: on a GPU its
+        # loading was a third of round 1's scores stage)
+        scorer = _Lazy(lambda: build_scorer(ctx.cfg, device=device))
         n_seq = sum(len(r.ids) for c in todo for r in chunks[c])
         bar = tqdm(
             total=n_seq, desc=f"scoring [rank {ctx.dist.rank}]", unit="seq", disable=not ctx.dist.is_main

@@ -34,6 +34,7 @@ def test_imported_scores_are_not_scored_again(tmp_path, tiny_task_files, tiny_lm
 
     monkeypatch.setattr(LMScorer, "score_pairs", no_lm)
     monkeypatch.setattr(LMScorer, "score_prefixed", no_lm)
+    monkeypatch.setattr("epr.stages.scores.build_scorer", no_lm)  # labels served whole load no LM
     b = make_ctx(tmp_path / "b", tiny_task_files, tiny_lm_dir)
     pipeline.run(b, until="scores")
     assert (b.stage_dir("scores") / "scores.jsonl").read_bytes() == (
