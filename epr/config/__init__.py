@@ -1,7 +1,7 @@
 """Typed, frozen configuration: one dataclass per stage, filled from YAML plus ``--set a.b=v`` overrides.
 
-Unknown keys are errors. A YAML file may name a parent with ``inherit: other.yaml`` (relative to itself). The
-sections live in :mod:`epr.config.sections`, each field declared once with its default, help and choices; this
+Unknown keys are errors. A YAML file may name a parent with ``inherit: other.yaml`` (relative to itself), and give a
+value per kind of machine (``{cpu: A, gpu: B}``, :mod:`epr.config.per_device`). The sections live in :mod:`epr.config.sections`, each field declared once with its default, help and choices; this
 module loads and checks them (a value outside a field's choices is a ``ConfigError`` naming the key) and
 :func:`dump_config` prints a resolved config as commented YAML (``epr config``) that loads back.
 """
@@ -19,6 +19,7 @@ from typing import Any, get_type_hints
 import yaml
 
 from epr.config.names import out_of_range, path_problem, range_text
+from epr.config.per_device import resolve_per_device
 from epr.config.sections import (
     DENSE,
     RETRIEVERS,
@@ -67,16 +68,12 @@ __all__ = [
 
 def train_temperature(tc: TrainConfig) -> float:
     """The similarity temperature in force: the configured one, or 1 (dot) / 0.05 (cosine)."""
-    if tc.temperature is not None:
-        return tc.temperature
-    return 1.0 if tc.similarity == "dot" else 0.05
+    return tc.temperature if tc.temperature is not None else (1.0 if tc.similarity == "dot" else 0.05)
 
 
 def train_loss_weight(tc: TrainConfig) -> float:
     """Weight of the in-batch contrastive term of the listwise / distill losses (UDR: 1, LLM-R: 0.2)."""
-    if tc.loss_weight is not None:
-        return tc.loss_weight
-    return 0.2 if tc.loss == "distill" else 1.0
+    return tc.loss_weight if tc.loss_weight is not None else (0.2 if tc.loss == "distill" else 1.0)
 
 
 def _coerce(value: Any, tp: Any, where: str) -> Any:
@@ -298,7 +295,7 @@ def load_config(paths: Sequence[str | Path] = (), overrides: Sequence[str] = ())
                 f"override --set {item!r}: the value {raw!r} is not valid YAML ({problem}); "
                 "quote it or close its brackets (e.g. retrieve.retrievers=[bm25,epr])"
             ) from None
-    cfg = config_from_dict(ExperimentConfig, data)
+    cfg = config_from_dict(ExperimentConfig, resolve_per_device(data))
     _validate(cfg)
     return cfg
 
