@@ -37,7 +37,9 @@ def test_each_machine_takes_its_own_value(tmp_path, on, caplog):
 
 def test_a_missing_kind_or_a_bad_value_is_named(tmp_path, on):
     on("cpu")
-    with pytest.raises(ConfigError, match=r"candidates.num_queries: a per-device value names \['gpu'\] but not \['cpu'\]"):
+    with pytest.raises(
+        ConfigError, match=r"candidates.num_queries: a per-device value names \['gpu'\] but not \['cpu'\]"
+    ):
         load_config([], ["candidates.num_queries={gpu: 5}"])
     # the kept value is checked as any value is: here the CPU's is out of range
     with pytest.raises(ConfigError, match="candidates.num_queries"):
@@ -47,3 +49,15 @@ def test_a_missing_kind_or_a_bad_value_is_named(tmp_path, on):
     # a mapping with other keys is not a per-device value: the field's own check names it
     with pytest.raises(ConfigError, match="candidates.num_queries"):
         load_config([], ["candidates.num_queries={cpu: 3, tpu: 5}"])
+
+
+def test_mtop_labels_what_each_machine_affords(on):
+    """configs/mtop.yaml: 8,000 labels on a GPU (the locked look's recipe), 2,000 on a CPU (its keys, and every
+    committed CPU run's, as before); the curve's config pins its own count on both."""
+    on("cpu")
+    assert load_config(["configs/mtop.yaml"]).candidates.num_queries == 2000
+    assert load_config(["configs/mtop_curve.yaml"]).candidates.num_queries == 2000
+    on("gpu")
+    assert load_config(["configs/mtop.yaml"]).candidates.num_queries == 8000
+    assert load_config(["configs/mtop_curve.yaml"]).candidates.num_queries == 2000
+    assert load_config(["configs/mtop.yaml"], ["candidates.num_queries=2000"]).candidates.num_queries == 2000

@@ -68,6 +68,8 @@ def headline(e: Experiment, got: Mapping[str, dict]) -> tuple[str | None, dict]:
         name = max(learned, key=lambda n: got[n].get("gold_logprob") or -1e9, default=None)
     if name is None:
         return None, {}
+    if "-vs-" in name:  # a test on a paired row (``B-vs-A[:em]``): the headline is its learned side, B
+        return _pair_headline(name, got)
     r, metric = got[name], PAPER_METRIC.get(e.dataset, "em")
     if e.kind == "run":
         best = max(("bm25", "sbert"), key=lambda b: (got.get(b) or {}).get("metric") or -1)
@@ -97,6 +99,31 @@ def headline(e: Experiment, got: Mapping[str, dict]) -> tuple[str | None, dict]:
         "p_lp": r.get("logprob_p_vs_bm25"),
         "p_t": r.get("logprob_ttest_p_vs_bm25"),
         "gap": lookup(r, "oracle_gap_captured.gold_logprob"),
+    }
+
+
+def _pair_headline(name: str, got: Mapping[str, dict]) -> tuple[str, dict]:
+    """:func:`headline` where a slices folder's tests are on paired rows (``B-vs-A`` in gold log-prob, ``B-vs-A:em``
+    in exact match, A a seed's ``bm25`` or ``sbert``): B's numbers, the references' exact match from the pairs, and
+    p against the better reference."""
+    learned, base = name.removesuffix(":em").split("-vs-", 1)
+    seed = base.rsplit(":", 1)[0] + ":" if ":" in base else ""
+    em = {b: got.get(f"{learned}-vs-{seed}{b}:em") or {} for b in ("bm25", "sbert")}
+    refs = [em[b].get("em_a") for b in ("bm25", "sbert")]
+    best = "sbert" if (refs[1] or -1) > (refs[0] or -1) else "bm25"
+    lp = got.get(f"{learned}-vs-{seed}bm25") or {}
+    return learned, {
+        "metric": (got.get(learned) or {}).get("em"),
+        "metric_name": "em",
+        "refs": refs,
+        "p": em[best].get("p_mcnemar"),
+        "p_field": "p_mcnemar",
+        "p_row": f"{learned}-vs-{seed}{best}:em",
+        "lp": (got.get(learned) or {}).get("gold_logprob"),
+        "gain": lp.get("gain"),
+        "p_lp": lp.get("p_wilcoxon"),
+        "p_t": None,
+        "gap": lookup(got.get(learned) or {}, "oracle_gap_captured.gold_logprob"),
     }
 
 
@@ -203,7 +230,7 @@ def _build(results: Path) -> tuple[str, dict[str, str], list[dict]]:
             for e in dec:
                 name, h = headline(e, rows[e.name])
                 n = lookup(rows[e.name].get(name or ""), "n")
-                adj = fam.get((e.name, name, h.get("p_field"))) if name else None
+                adj = fam.get((e.name, h.get("p_row", name), h.get("p_field"))) if name else None
                 refs = " / ".join(_fmt(x) for x in h.get("refs", []))
                 out.append(
                     f"| [{e.name}]({e.name}/) | {e.title} | {e.split} | {len(e.seeds) or ''} | {_fmt(n, 'd')} | "

@@ -230,7 +230,13 @@ def test_paper_config_and_round_one_reproduce_the_committed_fingerprints(monkeyp
     )
     # (fp32 training in one padded batch a step, as those runs were made: the default trains in bf16 where the CPU
     # has it, in length-sorted sub-batches)
-    old = ["models.dtype=fp32", "train.mixed_precision=no", "train.length_buckets=1"]
+    # (and 2,000 labels, a CPU's count: a GPU's is 8,000)
+    old = [
+        "models.dtype=fp32",
+        "train.mixed_precision=no",
+        "train.length_buckets=1",
+        "candidates.num_queries=2000",
+    ]
     default = Context(load_config(["configs/mtop.yaml"], old))
     assert (
         default.round == 2
