@@ -61,3 +61,22 @@ def test_mtop_labels_what_each_machine_affords(on):
     assert load_config(["configs/mtop.yaml"]).candidates.num_queries == 8000
     assert load_config(["configs/mtop_curve.yaml"]).candidates.num_queries == 2000
     assert load_config(["configs/mtop.yaml"], ["candidates.num_queries=2000"]).candidates.num_queries == 2000
+    # each machine's recipe in its own run folder: a GPU's 8,000-label run never overwrites a CPU's
+    assert load_config(["configs/mtop.yaml"]).name == "mtop-8000"
+    on("cpu")
+    assert load_config(["configs/mtop.yaml"]).name == "mtop"
+
+
+def test_a_per_device_value_is_one_value_when_files_merge(tmp_path, on):
+    """``inherit`` replaces a per-device value whole (a child's partial mapping is an error, as in a --set, not
+    filled in from its parent's); a key path deeper than any section is the loader's unknown-key error."""
+    on("cpu")
+    (tmp_path / "base.yaml").write_text("name: x\ncandidates: {num_queries: {cpu: 100, gpu: 200}}\n")
+    child = tmp_path / "child.yaml"
+    child.write_text("inherit: base.yaml\ncandidates: {num_queries: {cpu: 300}}\n")
+    with pytest.raises(ConfigError, match=r"candidates.num_queries: a per-device value names \['cpu'\]"):
+        load_config([child])
+    child.write_text("inherit: base.yaml\ncandidates: {num_queries: 50}\n")
+    assert load_config([child]).candidates.num_queries == 50
+    with pytest.raises(ConfigError, match="unknown key"):
+        load_config([], ["candidates." + ".".join(["x"] * 1200) + "=1"])

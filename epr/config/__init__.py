@@ -19,7 +19,7 @@ from typing import Any, get_type_hints
 import yaml
 
 from epr.config.names import out_of_range, path_problem, range_text
-from epr.config.per_device import resolve_per_device
+from epr.config.per_device import is_per_device, resolve_per_device
 from epr.config.sections import (
     DENSE,
     RETRIEVERS,
@@ -217,7 +217,8 @@ def config_from_dict(cls: type, data: dict[str, Any], where: str = "") -> Any:
 def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     out = dict(base)
     for k, v in over.items():
-        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+        sections = isinstance(v, dict) and isinstance(out.get(k), dict)  # a per-device value is one value
+        out[k] = _deep_merge(out[k], v) if sections and not is_per_device(v) | is_per_device(out[k]) else v
     return out
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from epr.types import ConfigError
 
-__all__ = ["KINDS", "machine_kind", "resolve_per_device"]
+__all__ = ["KINDS", "machine_kind", "is_per_device", "resolve_per_device"]
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +27,8 @@ def machine_kind() -> str:
     return "gpu" if default_device().startswith("cuda") else "cpu"
 
 
-def _per_device(value: Any) -> bool:
+def is_per_device(value: Any) -> bool:
+    """Whether a config value is a per-device mapping (a field's value; one inside a list is not resolved)."""
     return isinstance(value, dict) and bool(value) and set(value) <= set(KINDS)
 
 
@@ -38,7 +39,7 @@ def resolve_per_device(data: dict[str, Any], kind: str | None = None, where: str
     out: dict[str, Any] = {}
     for k, v in data.items():
         key = f"{where}.{k}" if where else str(k)
-        if _per_device(v):
+        if is_per_device(v):
             missing = [x for x in KINDS if x not in v]
             if missing:
                 raise ConfigError(
@@ -49,8 +50,10 @@ def resolve_per_device(data: dict[str, Any], kind: str | None = None, where: str
             out[k] = v[kind]
             others = "; ".join(f"a {x.upper()} takes {v[x]!r}" for x in KINDS if x != kind)
             log.info("config %s: %r on this machine (a %s; %s)", key, v[kind], kind.upper(), others)
-        elif isinstance(v, dict):
-            out[k] = resolve_per_device(v, kind, key)
+        elif (
+            isinstance(v, dict) and key.count(".") < 8
+        ):  # sections nest a few deep: deeper is an unknown key,
+            out[k] = resolve_per_device(v, kind, key)  # which the loader names (no recursion to its end)
         else:
             out[k] = v
     return out

@@ -235,8 +235,8 @@ def _build(results: Path) -> tuple[str, dict[str, str], list[dict]]:
                 out.append(
                     f"| [{e.name}]({e.name}/) | {e.title} | {e.split} | {len(e.seeds) or ''} | {_fmt(n, 'd')} | "
                     f"{_bold(h.get('metric'))} ({refs}) | {_p(h.get('p'))} | {_p(adj[1] if adj else None)} | "
-                    f"{_fmt(h.get('lp'), '.2f')} ({_fmt(h.get('gain'), '+.2f')}; {_p(h.get('p_lp'))}, "
-                    f"{_p(h.get('p_t'))}) | {_fmt(h.get('gap'), '.2f')} |"
+                    f"{_fmt(h.get('lp'), '.2f')} ({_fmt(h.get('gain'), '+.2f')}; {_p(h.get('p_lp'))}"
+                    f"{'' if h.get('p_t') is None else ', ' + _p(h['p_t'])}) | {_fmt(h.get('gap'), '.2f')} |"
                 )
             out.append("")
         looks = sorted((e for e in mine if e.locked), key=lambda e: (e.date, e.name))

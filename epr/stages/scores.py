@@ -158,14 +158,16 @@ def chunk_rankings(ctx: Context, rankings: list[Ranking], cs: int) -> list[list[
 
 
 class _Lazy:
-    """An object made on its first attribute access."""
+    """An object made on its first attribute access; ``seconds``: how long making it took."""
 
     def __init__(self, make):
-        self._make, self._obj = make, None
+        self._make, self._obj, self.seconds = make, None, 0.0
 
     def __getattr__(self, name):
         if self._obj is None:
+            t = time.perf_counter()
             self._obj = self._make()
+            self.seconds = time.perf_counter() - t
         return getattr(self._obj, name)
 
 
@@ -187,8 +189,8 @@ def run_scores(ctx: Context, out: Path, fp: str) -> dict:
         cache = score_cache(ctx.cfg)
         log.info("scores: %d scores in the shared cache %s", len(cache), cache.dir)
         device = device_for_rank(ctx.dist.rank, ctx.dist.world)
-        # loaded when a pair is first missing from the stores (labels a cache serves whole need no LM: on a GPU its
-        # loading was a third of round 1's scores stage)
+        # loaded when a pair is first missing from the stores (labels a cache serves whole, none too long for the
+        # LM, need no model: on a GPU its loading was a third of round 1's scores stage)
         scorer = _Lazy(lambda: build_scorer(ctx.cfg, device=device))
         n_seq = sum(len(r.ids) for c in todo for r in chunks[c])
         bar = tqdm(
@@ -207,7 +209,10 @@ def run_scores(ctx: Context, out: Path, fp: str) -> dict:
         bar.close()
         # this process's own throughput (sequences the LM scored, not those the cache served; a resumed stage
         # reports its last process), for the results files: how long labels take on this machine
-        new, secs = len(cache) - n0, max(time.perf_counter() - t0, 1e-9)
+        # the model's loading (where a pair needed it) is its own part, out of the throughput and of ``prepare``
+        timing["prepare"] = timing.get("prepare", 0.0) - scorer.seconds
+        timing["load"] = scorer.seconds
+        new, secs = len(cache) - n0, max(time.perf_counter() - t0 - scorer.seconds, 1e-9)
         speed = {
             "scored_here": new,
             "scoring_seconds": round(secs, 1),

@@ -295,6 +295,8 @@ def test_accepted_devices_serve_labels_and_the_rest_is_scored_here(
     first = (b.stage_dir("scores") / "scores.jsonl").read_bytes()
     sources = {gpu_store.dir.name: 134, ScoreCache(root, mine).dir.name: 10, "missing": 0}
     assert read_manifest(b.stage_dir("scores"))["label_sources"] == sources
+    speed = read_manifest(b.stage_dir("scores"))["scoring_speed"]  # the model's loading is a part of its own
+    assert speed["scored_here"] == 10 and speed["seconds_by_part"]["load"] >= 0  # (a tiny LM: ~0 s)
     # `--this-run` ships the run's labels from every store they came from, each score under its own key
     f = tmp_path / "run.json.gz"
     args = ("cache", "export", str(f), "--this-run", "--set", "scoring.accept_devices=[cuda]")
