@@ -217,7 +217,7 @@ def run_scores(ctx: Context, out: Path, fp: str) -> dict:
             "scored_here": new,
             "scoring_seconds": round(secs, 1),
             "sequences_per_s": round(new / secs, 2),
-            "seconds_by_part": {k: round(v, 1) for k, v in timing.items()},  # prepare, lm, store
+            "seconds_by_part": {k: round(v, 1) for k, v in timing.items()},  # prepare, lm, store, load
         }
         # the CUDA allocator's peak and its retries (a full or fragmented GPU is slow); nothing off CUDA
         mem = gpu_memory(device)
