@@ -9,22 +9,33 @@ value, the one that ran. The choice is logged with the value the other kind woul
 from __future__ import annotations
 
 import logging
+import sys
+from pathlib import Path
 from typing import Any
 
 from epr.types import ConfigError
 
-__all__ = ["KINDS", "machine_kind", "is_per_device", "resolve_per_device"]
+__all__ = ["KINDS", "visible_device", "machine_kind", "is_per_device", "resolve_per_device"]
 
 log = logging.getLogger(__name__)
 
 KINDS = ("cpu", "gpu")
 
 
-def machine_kind() -> str:
-    """``gpu`` where CUDA is visible (``epr.lm.identity.default_device``), else ``cpu``."""
-    from epr.lm.identity import default_device
+def visible_device() -> str:
+    """``cuda`` when a GPU is visible, else ``cpu``. Without an NVIDIA driver torch is not imported to find out."""
+    if "torch" not in sys.modules and not (
+        Path("/proc/driver/nvidia/gpus").exists() or Path("/dev/nvidia0").exists()
+    ):
+        return "cpu"
+    import torch
 
-    return "gpu" if default_device().startswith("cuda") else "cpu"
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def machine_kind() -> str:
+    """``gpu`` where CUDA is visible (:func:`visible_device`), else ``cpu``."""
+    return "gpu" if visible_device().startswith("cuda") else "cpu"
 
 
 def is_per_device(value: Any) -> bool:

@@ -5,8 +5,9 @@ its weights (``model_identity``), the device (``default_device``) and the dtype 
 from __future__ import annotations
 
 import hashlib
-import sys
 from pathlib import Path
+
+from epr.config.per_device import visible_device
 
 __all__ = [
     "DTYPES",
@@ -63,17 +64,10 @@ def model_identity(name: str) -> dict:
     return {"lm": name, "files": h.hexdigest()[:16]}
 
 
-def _nvidia_visible() -> bool:
-    return Path("/proc/driver/nvidia/gpus").exists() or Path("/dev/nvidia0").exists()
-
-
 def default_device() -> str:
-    """``cuda`` when a GPU is visible, else ``cpu``. Without an NVIDIA driver torch is not imported to find out."""
-    if "torch" not in sys.modules and not _nvidia_visible():
-        return "cpu"
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    """``cuda`` when a GPU is visible, else ``cpu`` (the ground layer's :func:`epr.config.per_device.visible_device`,
+    which config loading uses too)."""
+    return visible_device()
 
 
 def device_size(field: str, value: int | None, device: str | None) -> int:
