@@ -90,7 +90,7 @@ def unread_stores(root: Path, stores: list[str], mine: list[dict]) -> list[str]:
     silently."""
     import json
 
-    from epr.lm.factory import LAYOUT_FIELDS, key_diff
+    from epr.lm.factory import LAYOUT_FIELDS, key_diff, nearest_key
     from epr.lm.score_cache import ScoreCache
 
     here = {ScoreCache(root, k).dir.name: k for k in mine}
@@ -99,7 +99,7 @@ def unread_stores(root: Path, stores: list[str], mine: list[dict]) -> list[str]:
         if store in here:
             continue
         key = json.loads((root / store / "KEY.json").read_text(encoding="utf-8"))
-        near = min(mine, key=lambda k: sum(k.get(f) != key.get(f) for f in set(k) | set(key)))
+        near = nearest_key(key, mine)
         differ = {f for f in set(near) | set(key) if near.get(f) != key.get(f)}
         hint = ""
         if near is mine[0] and differ <= set(LAYOUT_FIELDS):  # the labels' LM, another device or batch layout

@@ -25,6 +25,7 @@ __all__ = [
     "scoring_key",
     "label_key",
     "key_diff",
+    "nearest_key",
     "accepted_stores",
     "score_cache",
     "load",
@@ -110,6 +111,11 @@ def label_key(cfg) -> dict:
     return key | {"accept_devices": sorted(set(devices))} if devices and not cfg.server.base_url else key
 
 
+def nearest_key(key: dict, keys: list[dict]) -> dict | None:
+    """The one of ``keys`` that differs from ``key`` in the fewest fields (None for no keys)."""
+    return min(keys, key=lambda k: sum(k.get(f) != key.get(f) for f in set(k) | set(key)), default=None)
+
+
 def key_diff(key: dict, mine: dict) -> str:
     """The fields two computation keys differ in, as ``field X there, Y here``."""
     return ", ".join(
@@ -167,7 +173,7 @@ def score_cache(cfg, inference: bool = False):
         mine = scoring_key(cfg)
         keys = [json.loads(f.read_text(encoding="utf-8")) for f in sorted(root.glob("*/KEY.json"))]
         keys = [k for k in keys if k != mine]
-        near = min(keys, key=lambda k: len(key_diff(k, mine).split(", ")), default=None)
+        near = nearest_key(mine, keys)
         raise InputError(
             f"scoring.accept_devices={list(cfg.scoring.accept_devices)}: no score store under {root} was computed "
             "by this scoring LM, dtype and forward on those devices, so no label would come from one ("

@@ -283,11 +283,7 @@ def export_scores(
     for d in dirs:
         if not (d / "KEY.json").exists():
             raise FileNotFoundError(f"{d}: no score store for this computation (nothing scored yet?)")
-        c = ScoreCache(root, json.loads((d / "KEY.json").read_text(encoding="utf-8")))
-        if c.dir != d:
-            raise RuntimeError(
-                f"{d}: its KEY.json does not hash to the folder's name ({c.dir.name}); not exported"
-            )
+        c = ScoreCache.open(d)  # its KEY.json must name this very store
         held = c.items()
         done = carried.get(d.name, set())
         if only is not None:
