@@ -69,7 +69,8 @@ def headline(e: Experiment, got: Mapping[str, dict]) -> tuple[str | None, dict]:
     if name is None:
         return None, {}
     if "-vs-" in name:  # a test on a paired row (``B-vs-A[:em]``): the headline is its learned side, B
-        return _pair_headline(name, got)
+        metric = e.extra.get("metric", "correct")  # what a slices folder's per-example outcome is
+        return _pair_headline(name, got, "em" if metric == "correct" else metric)
     r, metric = got[name], PAPER_METRIC.get(e.dataset, "em")
     if e.kind == "run":
         best = max(("bm25", "sbert"), key=lambda b: (got.get(b) or {}).get("metric") or -1)
@@ -102,10 +103,11 @@ def headline(e: Experiment, got: Mapping[str, dict]) -> tuple[str | None, dict]:
     }
 
 
-def _pair_headline(name: str, got: Mapping[str, dict]) -> tuple[str, dict]:
+def _pair_headline(name: str, got: Mapping[str, dict], metric: str = "em") -> tuple[str, dict]:
     """:func:`headline` where a slices folder's tests are on paired rows (``B-vs-A`` in gold log-prob, ``B-vs-A:em``
-    in exact match, A a seed's ``bm25`` or ``sbert``): B's numbers, the references' exact match from the pairs, and
-    p against the better reference."""
+    in the folder's per-example metric, A a seed's ``bm25`` or ``sbert``): B's numbers, the references' from the
+    pairs, and p against the better reference. ``metric`` names what the ``em`` fields hold (the folder's
+    ``extra.metric``: exact match, or BREAK's ``lf_em``)."""
     learned, base = name.removesuffix(":em").split("-vs-", 1)
     seed = base.rsplit(":", 1)[0] + ":" if ":" in base else ""
     em = {b: got.get(f"{learned}-vs-{seed}{b}:em") or {} for b in ("bm25", "sbert")}
@@ -114,7 +116,7 @@ def _pair_headline(name: str, got: Mapping[str, dict]) -> tuple[str, dict]:
     lp = got.get(f"{learned}-vs-{seed}bm25") or {}
     return learned, {
         "metric": (got.get(learned) or {}).get("em"),
-        "metric_name": "em",
+        "metric_name": metric,
         "refs": refs,
         "p": em[best].get("p_mcnemar"),
         "p_field": "p_mcnemar",

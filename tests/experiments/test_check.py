@@ -516,3 +516,22 @@ def test_show_reads_a_committed_curve_folder_row_by_row(capsys):
     for name, v in lp.items():
         if isinstance(v, (int, float)):
             assert any(x.startswith(f"  {name}:") and f"gold log-prob {v:.3f}" in x for x in shown), name
+
+
+def test_a_paired_headline_names_the_folders_metric():
+    """A slices folder's headline on paired rows reads the ``em`` fields, which hold the folder's ``extra.metric``
+    per example: BREAK's headline says LF-EM, not exact match, and picks p against the better reference."""
+    from types import SimpleNamespace
+
+    got = {
+        "s:epr": {"em": 40.0, "gold_logprob": -3.0},
+        "s:epr-vs-s:bm25": {"gain": 0.4, "p_wilcoxon": 1e-3},
+        "s:epr-vs-s:bm25:em": {"em_a": 30.0, "p_mcnemar": 0.01},
+        "s:epr-vs-s:sbert:em": {"em_a": 32.0, "p_mcnemar": 0.04},
+    }
+    test = SimpleNamespace(row="s:epr-vs-s:bm25:em")
+    for extra, want in (({"metric": "lf_em"}, "lf_em"), ({}, "em")):
+        e = SimpleNamespace(tests=(test,), extra=extra, kind="slices", dataset="break")
+        name, h = index.headline(e, got)
+        assert (name, h["metric_name"], h["metric"], h["refs"]) == ("s:epr", want, 40.0, [30.0, 32.0])
+        assert (h["p"], h["p_row"], h["gain"]) == (0.04, "s:epr-vs-s:sbert:em", 0.4)
