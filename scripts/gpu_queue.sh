@@ -96,6 +96,30 @@ if [ -n "${COLLECT:-}" ]; then
   echo "collect: kept $(ls "$keep" | tr '\n' ' ')in $keep (commit it: the next lease imports its scores)"
   exit 0
 fi
+if [ -n "${HERE:-}" ]; then
+  # HERE=<a queued run's name>: that run on this machine, whole, when no GPU is lent (each plan's amendment 5: a CPU
+  # whose `models.dtype: auto` is bf16, never an AVX2-only CPU; start it from its own worktree, with RESULTS=<main's
+  # results folder>), under run root R (runs). Then its labels go beside its results folder
+  # (scores-<side>-$MACHINE.json.gz: a GPU's later arms read them with scoring.accept_devices=[cpu]) and the run is
+  # recorded there, as COLLECT records a lease's runs. DTYPE overrides what `auto` resolves to here.
+  step=""; IFS='|;' read -ra all <<< "$lane1;$lane2;$lane3;$lane4"
+  for s in "${all[@]}"; do [[ $s != after:* && $(name_of "$s") == "$HERE" ]] && step=${s#\?}; done
+  [ -n "$step" ] || { echo "gpu_queue: HERE=$HERE is no queued run's name"; exit 2; }
+  read -ra r <<< "${rec[$HERE]}"
+  if recorded "$HERE"; then echo "gpu_queue: $HERE is recorded already in $results/${r[0]}"; exit 0; fi
+  py=${PY:-python3}; root=${R:-runs}
+  dtype=${DTYPE:-$($py -c 'from epr.lm.identity import resolve_dtype; print(resolve_dtype("auto"))')}
+  if [ "$dtype" != bf16 ]; then
+    echo "gpu_queue: this machine labels in $dtype under auto: the plans run an arm on a CPU only in bf16"; exit 2
+  fi
+  step+=" --set run_root=$root"
+  [ "${DRY_RUN:-0}" = 1 ] && { echo "epr run $step"; exit 0; }
+  eval "$py -m epr.cli run $step"
+  eval "$py -m epr.cli cache export $results/${r[0]}/scores-${r[2]}-${MACHINE:-cpu}.json.gz $step --this-run"
+  $py -m epr.cli experiment record "$root/$HERE" "$results/${r[0]}" --part "${r[1]}" --as "${r[2]}"
+  echo "gpu_queue: $HERE recorded as ${r[2]} in $results/${r[0]} (check it, then commit the folder)"
+  exit 0
+fi
 [ -n "$RUNS" ] || { echo "gpu_queue: every queued run is recorded: nothing to run"; exit 0; }
 if [ "${DRY_RUN:-0}" = 1 ]; then echo "IMPORT=$IMPORT"; tr '|;' '\n\n' <<< "$RUNS"; exit 0; fi
 if [ "${SMOKE:-0}" = 1 ]; then

@@ -429,3 +429,40 @@ def test_a_recorded_run_leaves_the_queue_and_collect_records_what_a_lease_finish
     )
     steps = plan.stdout.splitlines()[1:]
     assert not [x for x in steps if "mpnet" in x] and len(steps) == 6
+
+
+def test_here_runs_one_queued_arm_on_this_machine_then_exports_its_labels_and_records_it(tmp_path):
+    """``HERE=<name> scripts/gpu_queue.sh`` (no GPU lent; each plan's amendment 5): the queued run's own arguments,
+    under the run root R; then its labels beside its results folder and its record there, as COLLECT records a
+    lease's. Refused where ``auto`` would label in fp32, for a name not in the queue, and once recorded."""
+    import json
+    import shlex
+
+    (tmp_path / "stub.py").write_text(CACHE_STUB)
+    results = tmp_path / "results"
+    env = {**os.environ, "PY": f"{sys.executable} {tmp_path / 'stub.py'}", "RESULTS": str(results),
+           "R": str(tmp_path / "runs"), "HERE": "smc-1000", "DTYPE": "bf16", "MACHINE": "zen4"}  # fmt: skip
+    for k in ("OUT", "RUNS", "IMPORT", "DRY_RUN", "SMOKE", "COLLECT"):
+        env.pop(k, None)
+    queue = str(ROOT / "scripts" / "gpu_queue.sh")
+    res = subprocess.run(["bash", queue], env=env, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr
+    calls = [json.loads(x) for x in (tmp_path / "stub.py.jsonl").read_text().splitlines()]
+    own = shlex.split(
+        '-c configs/smcalflow.yaml --set "retrieve.retrievers=[bm25,sbert,epr,hybrid,lm-oracle]"'
+    )
+    own += ["--set", "name=smc-1000", "--set", f"run_root={tmp_path / 'runs'}"]
+    side = results / "smcalflow-recipe-choices"
+    assert calls == [
+        ["run", *own],
+        ["cache", "export", str(side / "scores-r1000-zen4.json.gz"), *own, "--this-run"],
+        ["experiment", "record", str(tmp_path / "runs" / "smc-1000"), str(side), "--part", "dev", "--as", "r1000"],
+    ]  # fmt: skip
+    for bad, says in (({"DTYPE": "fp32"}, "labels in fp32"), ({"HERE": "smc-3000"}, "no queued run's name")):
+        res = subprocess.run(["bash", queue], env={**env, **bad}, capture_output=True, text=True, timeout=60)
+        assert res.returncode == 2 and says in res.stdout
+    (side / "rows").mkdir(parents=True)
+    (side / "rows" / "per_query-r1000.jsonl.gz").write_bytes(b"")
+    res = subprocess.run(["bash", queue], env=env, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0 and "recorded already" in res.stdout
+    assert len((tmp_path / "stub.py.jsonl").read_text().splitlines()) == 3  # nothing ran again
