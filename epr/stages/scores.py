@@ -48,14 +48,17 @@ def scored_pairs(
 
 
 def run_pair_keys(ctx: Context) -> set[str]:
-    """The score-cache keys of every pair this run's scores stage scores (its candidates): what `epr cache export
-    --this-run` ships, so a results folder holds its own labels and nothing else."""
+    """The score-cache keys of every pair this run's scores stages score (every round's candidates): what `epr
+    cache export --this-run` ships, so a results folder holds all of its own labels and nothing else."""
     from epr.lm.score_cache import pair_key
 
-    _, contexts, targets, _ = scored_pairs(
-        ctx.task, ctx.examples("pool"), ctx.rankings("candidates", "candidates.jsonl")
-    )
-    return {pair_key(c, t) for c, t in zip(contexts, targets)}
+    keys: set[str] = set()
+    for r in ctx.rounds():
+        _, contexts, targets, _ = scored_pairs(
+            r.task, r.examples("pool"), r.rankings("candidates", "candidates.jsonl")
+        )
+        keys |= {pair_key(c, t) for c, t in zip(contexts, targets)}
+    return keys
 
 
 def score_chunk(

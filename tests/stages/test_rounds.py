@@ -488,3 +488,32 @@ def test_a_warm_started_round_never_hands_on_its_starting_encoder(
     base = DualEncoder.from_pretrained(minilm_dir).state_dict()
     assert all(torch.equal(w["r1"][n], base[n]) for n in base)
     assert not all(torch.equal(w["r2"][n], w["r1"][n]) for n in base)
+
+
+def test_this_run_exports_every_rounds_labels(tmp_path, tiny, tiny_lm_dir, minilm_dir):
+    """`epr cache export --this-run` ships the labels of every round, not only the last round's candidates
+    (a two-round run's round-1 scores were left out, so a machine change would have scored them again)."""
+    import gzip
+
+    from epr.cli import main
+    from epr.lm.factory import score_cache
+    from epr.lm.score_cache import pair_key
+
+    sets = ["select.size=0"]
+    ctx = make(tmp_path, tiny, tiny_lm_dir, minilm_dir, *sets)
+    pipeline.run(ctx, until="scores")
+    r1, r2 = ctx.rounds()
+    per_round = []
+    for r in (r1, r2):
+        _, contexts, targets, _ = scores_stage.scored_pairs(
+            r.task, r.examples("pool"), r.rankings("candidates", "candidates.jsonl")
+        )
+        per_round.append({pair_key(c, t) for c, t in zip(contexts, targets)})
+    assert per_round[0] - per_round[1]  # round 1 scored pairs round 2 did not
+    score_cache(ctx.cfg).put(["another run's context"], ["its target"], [-3.0], "other")
+    f = tmp_path / "run.json.gz"
+    args = [a for s in (*ctx_overrides(tmp_path, tiny, tiny_lm_dir), f"models.encoder={minilm_dir}", *TRAIN,
+                        *sets, "name=t") for a in ("--set", s)]  # fmt: skip
+    assert main(["cache", "export", str(f), "--this-run", *args]) == 0
+    (store,) = json.loads(gzip.open(f, "rt").read())["stores"]
+    assert set(store["scores"]) == per_round[0] | per_round[1]
