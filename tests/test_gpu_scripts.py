@@ -236,15 +236,14 @@ def test_the_queue_imports_the_earlier_lease_and_passes_each_planned_run_whole(t
     calls = [json.loads(x) for x in (tmp_path / "stub.py.jsonl").read_text().splitlines()]
     assert calls[0][:3] == ["cache", "import", "results/mtop-8000-locked/scores-h200.json.gz"]
     got = [c[1:-4] for c in calls[1:]]  # each run's own arguments, without the run root and the data dir
-    assert sorted(got) == sorted(shlex.split(r) for r in runs) and len(runs) == 10
+    assert sorted(got) == sorted(shlex.split(r) for r in runs) and len(runs) == 9
     assert ["--set", "retrieve.retrievers=[bm25,sbert,epr,hybrid,lm-oracle]"] == got[
-        [a[-1] for a in got].index("name=smc-1000")
+        [a[-1] for a in got].index("name=break-2000")
     ][2:4]
     names = [
         a[-1].removeprefix("name=") for a in got
     ]  # in the order they started: each lane in its plan's order
-    assert [n for n in names if n.startswith("smc")] == [
-        "smc-1000",
+    assert [n for n in names if n.startswith("smc")] == [  # A recorded (ran on a CPU, PLAN amendment 5)
         "smc-1000-mpnet",
         "smc-2000",
         "smc-4000",
@@ -324,18 +323,18 @@ def test_the_queue_smoke_runs_each_distinct_run_shrunk_and_on_dev(tmp_path):
     seed or name run once; a failing one is named and the script fails."""
     import json
 
-    (tmp_path / "stub.py").write_text(CACHE_STUB.replace('"bad.json.gz" in args', '"name=smc-1000" in args'))
+    (tmp_path / "stub.py").write_text(CACHE_STUB.replace('"bad.json.gz" in args', '"name=smc-2000" in args'))
     env = {**os.environ, "PY": f"{sys.executable} {tmp_path / 'stub.py'}", "SMOKE": "1",
            "SMOKE_ROOT": str(tmp_path / "smoke")}  # fmt: skip
     for k in ("OUT", "RUNS", "IMPORT", "DRY_RUN"):
         env.pop(k, None)
     res = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_queue.sh")], env=env, capture_output=True, text=True,
                          timeout=60)  # fmt: skip
-    assert res.returncode == 1 and "smoke: smc-1000 FAILED" in res.stdout
+    assert res.returncode == 1 and "smoke: smc-2000 FAILED" in res.stdout
     calls = [json.loads(x) for x in (tmp_path / "stub.py.jsonl").read_text().splitlines()]
     names = [next(a for a in c if a.startswith("name=")).removeprefix("name=") for c in calls]
-    # shrunk, smc-4000 and smc-8000 are smc-2000 (the locked seed is recorded: not queued)
-    assert names == ["smc-1000", "smc-1000-mpnet", "smc-2000", "break-2000",
+    # shrunk, smc-4000 and smc-8000 are smc-2000 (the locked seed and smc-1000 are recorded: not queued)
+    assert names == ["smc-1000-mpnet", "smc-2000", "break-2000",
                      "break-2000-mpnet", "break-4000", "mtop-8000", "mtop-8000-mpnet"]  # fmt: skip
     for c in calls:
         sets = [c[i + 1] for i, a in enumerate(c) if a == "--set"]
