@@ -179,6 +179,7 @@ def _point(e: Experiment, labels: int, r: Mapping, seeds: int, scored: int | Non
         "folder": e.name,
         "dataset": e.dataset,
         "split": e.split,
+        "locked": e.locked,  # filled in the plot: dialogue-locked is locked, dialogue-dev is not
         "labels": labels,
         "gap": lookup(r, "oracle_gap_captured.gold_logprob"),
         "ci": lookup(r, "oracle_gap_captured_ci.gold_logprob"),

@@ -46,6 +46,17 @@ def plot_curve(out: Path, rows: list[dict], base_seed: int) -> None:
     plt.close(fig)
 
 
+def gap_series(points: list[dict], datasets: tuple[str, ...]) -> list[tuple[str, str, bool, list[dict]]]:
+    """The gap plot's series: (dataset, split, filled, points), one per dataset and split; filled where the split
+    is locked (each point's ``locked``: ``locked``, ``dialogue-locked``, ``test``), hollow for dev parts."""
+    out = []
+    for ds in datasets:
+        for split in sorted({p["split"] for p in points if p["dataset"] == ds}):
+            pts = [p for p in points if p["dataset"] == ds and p["split"] == split]
+            out.append((ds, split, all(p["locked"] for p in pts), pts))
+    return out
+
+
 def plot_gap(points: list[dict], path: Path, datasets: tuple[str, ...]) -> None:
     """Labels (x, log scale) against the share of the oracle gap captured (y), one colour per dataset, filled for
     locked splits, hollow for dev, bars for the paired bootstrap interval."""
@@ -56,20 +67,14 @@ def plot_gap(points: list[dict], path: Path, datasets: tuple[str, ...]) -> None:
 
     fig, ax = plt.subplots(figsize=(7, 4.2))
     colours = dict(zip(datasets, ("tab:blue", "tab:orange", "tab:green", "tab:red")))
-    for ds in datasets:
-        for split in sorted(
-            {p["split"] for p in points if p["dataset"] == ds}
-        ):  # dev hollow, locked parts filled
-            pts, filled = [p for p in points if p["dataset"] == ds and p["split"] == split], split != "dev"
-            c = colours.get(ds, "gray")
-            x = [
-                p["labels"] * (1 + 0.03 * (i % 5 - 2)) for i, p in enumerate(pts)
-            ]  # side by side, not on top
-            y = [p["gap"] for p in pts]
-            err = [[max(0.0, p["gap"] - p["ci"][0]) if p["ci"] else 0.0 for p in pts],
-                   [max(0.0, p["ci"][1] - p["gap"]) if p["ci"] else 0.0 for p in pts]]  # fmt: skip
-            ax.errorbar(x, y, yerr=err, fmt="o", color=c, mfc=c if filled else "white", ms=5, lw=0.8, capsize=2,
-                        label=f"{ds} ({split})")  # fmt: skip
+    for ds, split, filled, pts in gap_series(points, datasets):
+        c = colours.get(ds, "gray")
+        x = [p["labels"] * (1 + 0.03 * (i % 5 - 2)) for i, p in enumerate(pts)]  # side by side, not on top
+        y = [p["gap"] for p in pts]
+        err = [[max(0.0, p["gap"] - p["ci"][0]) if p["ci"] else 0.0 for p in pts],
+               [max(0.0, p["ci"][1] - p["gap"]) if p["ci"] else 0.0 for p in pts]]  # fmt: skip
+        ax.errorbar(x, y, yerr=err, fmt="o", color=c, mfc=c if filled else "white", ms=5, lw=0.8, capsize=2,
+                    label=f"{ds} ({split})")  # fmt: skip
     ax.axhline(0, color="black", lw=0.6)
     ax.set_xscale("log")
     ticks = sorted({p["labels"] for p in points})

@@ -16,6 +16,7 @@ import yaml
 from epr.experiments import check as checking
 from epr.experiments import declare, index
 from epr.experiments.declaration import load
+from epr.reports import plots
 from epr.types import InputError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -242,9 +243,9 @@ def test_a_slices_folder_recomputes_its_pairs_and_fails_on_a_changed_value(tmp_p
 def test_the_gap_plot_draws_each_learned_point_once(tmp_path):
     """results/gap-vs-labels.png (issue 48): every decisive or supporting curve folder's learned rows with a gap,
     a several-seed point standing for its own seeds; superseded folders are not drawn."""
-    exps = [load(f) for f in checking.folders(RESULTS)]
-    rows = {e.name: checking.recompute(e)[0] for e in exps if e.kind == "curve"}
-    exps = [e for e in exps if e.kind == "curve"]
+    every = [load(f) for f in checking.folders(RESULTS)]
+    rows = {e.name: checking.recompute(e)[0] for e in every if e.kind in ("curve", "slices")}
+    exps = [e for e in every if e.kind == "curve"]
     pts = index.gap_points(exps, rows)
     assert {p["dataset"] for p in pts} == {"mtop", "break", "smcalflow"}
     assert not {p["folder"] for p in pts} & {e.name for e in exps if e.status == "superseded"}
@@ -254,6 +255,12 @@ def test_the_gap_plot_draws_each_learned_point_once(tmp_path):
     assert three[0]["gap"] == pytest.approx(want) and three[0]["labels"] == 2000
     sizes = sorted(p["labels"] for p in pts if p["folder"] == "mtop-curve-sizes")
     assert sizes[0] == 250 and sizes[-1] == 2000
+    everything = index.gap_points([e for e in every if e.name in rows], rows)  # with the slices' sides
+    series = {
+        (d, s): filled for d, s, filled, _ in plots.gap_series(everything, ("mtop", "break", "smcalflow"))
+    }
+    assert series[("smcalflow", "dialogue-dev")] is False and series[("mtop", "dev")] is False  # hollow
+    assert series[("smcalflow", "locked")] is True and series[("mtop", "locked")] is True  # filled
     index.plot_gap(pts, tmp_path / "gap.png", ("mtop", "break", "smcalflow"))
     assert (tmp_path / "gap.png").stat().st_size > 10_000
 
