@@ -101,7 +101,8 @@ if [ -n "${HERE:-}" ]; then
   # whose `models.dtype: auto` is bf16, never an AVX2-only CPU; start it from its own worktree, with RESULTS=<main's
   # results folder>), under run root R (runs). Then its labels go beside its results folder
   # (scores-<side>-$MACHINE.json.gz: a GPU's later arms read them with scoring.accept_devices=[cpu]) and the run is
-  # recorded there, as COLLECT records a lease's runs. DTYPE overrides what `auto` resolves to here.
+  # recorded there, as COLLECT records a lease's runs. DTYPE overrides what `auto` resolves to here. The same
+  # command in a later session resumes the arm where it stopped (amendment 6), on the CPU it started on only.
   step=""; IFS='|;' read -ra all <<< "$lane1;$lane2;$lane3;$lane4"
   for s in "${all[@]}"; do [[ $s != after:* && $(name_of "$s") == "$HERE" ]] && step=${s#\?}; done
   [ -n "$step" ] || { echo "gpu_queue: HERE=$HERE is no queued run's name"; exit 2; }
@@ -114,6 +115,15 @@ if [ -n "${HERE:-}" ]; then
   fi
   step+=" --set run_root=$root"
   [ "${DRY_RUN:-0}" = 1 ] && { echo "epr run $step"; exit 0; }
+  # one device an arm (amendment 6): its start stamps this CPU; a later session resumes it only on the same CPU
+  # (name, generation, bf16 instructions, torch). DEVICE overrides the stamp.
+  here=${DEVICE:-$($py -c 'from epr.reports.machine import machine, stamp; print(stamp(machine()))')}
+  mkdir -p "$root"; stamp=$root/$HERE.device
+  [ -f "$stamp" ] || echo "$here" > "$stamp"
+  if [ "$(cat "$stamp")" != "$here" ]; then
+    echo "gpu_queue: $HERE started on '$(cat "$stamp")', and this machine is '$here': an arm keeps one device."
+    echo "  Carry its labels to a GPU instead: epr cache export <file> $step --this-run"; exit 2
+  fi
   eval "$py -m epr.cli run $step"
   eval "$py -m epr.cli cache export $results/${r[0]}/scores-${r[2]}-${MACHINE:-cpu}.json.gz $step --this-run"
   $py -m epr.cli experiment record "$root/$HERE" "$results/${r[0]}" --part "${r[1]}" --as "${r[2]}"

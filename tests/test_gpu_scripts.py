@@ -433,14 +433,16 @@ def test_a_recorded_run_leaves_the_queue_and_collect_records_what_a_lease_finish
 def test_here_runs_one_queued_arm_on_this_machine_then_exports_its_labels_and_records_it(tmp_path):
     """``HERE=<name> scripts/gpu_queue.sh`` (no GPU lent; each plan's amendment 5): the queued run's own arguments,
     under the run root R; then its labels beside its results folder and its record there, as COLLECT records a
-    lease's. Refused where ``auto`` would label in fp32, for a name not in the queue, and once recorded."""
+    lease's. Refused where ``auto`` would label in fp32, for a name not in the queue, on another CPU than the one the
+    arm started on (amendment 6: a later session resumes it on its own CPU only), and once recorded."""
     import json
     import shlex
 
     (tmp_path / "stub.py").write_text(CACHE_STUB)
     results = tmp_path / "results"
     env = {**os.environ, "PY": f"{sys.executable} {tmp_path / 'stub.py'}", "RESULTS": str(results),
-           "R": str(tmp_path / "runs"), "HERE": "smc-1000", "DTYPE": "bf16", "MACHINE": "zen4"}  # fmt: skip
+           "R": str(tmp_path / "runs"), "HERE": "smc-1000", "DTYPE": "bf16", "MACHINE": "zen4",
+           "DEVICE": "AMD EPYC (family 25 model 17, avx512_bf16), torch 2.13.0"}  # fmt: skip
     for k in ("OUT", "RUNS", "IMPORT", "DRY_RUN", "SMOKE", "COLLECT"):
         env.pop(k, None)
     queue = str(ROOT / "scripts" / "gpu_queue.sh")
@@ -457,11 +459,31 @@ def test_here_runs_one_queued_arm_on_this_machine_then_exports_its_labels_and_re
         ["cache", "export", str(side / "scores-r1000-zen4.json.gz"), *own, "--this-run"],
         ["experiment", "record", str(tmp_path / "runs" / "smc-1000"), str(side), "--part", "dev", "--as", "r1000"],
     ]  # fmt: skip
-    for bad, says in (({"DTYPE": "fp32"}, "labels in fp32"), ({"HERE": "smc-3000"}, "no queued run's name")):
+    assert (tmp_path / "runs" / "smc-1000.device").read_text() == env["DEVICE"] + "\n"
+    for bad, says in (
+        ({"DTYPE": "fp32"}, "labels in fp32"),
+        ({"HERE": "smc-3000"}, "no queued run's name"),
+        ({"DEVICE": "Intel Xeon (family 6 model 143, amx_bf16), torch 2.13.0"}, "an arm keeps one device"),
+    ):
         res = subprocess.run(["bash", queue], env={**env, **bad}, capture_output=True, text=True, timeout=60)
         assert res.returncode == 2 and says in res.stdout
+    assert len((tmp_path / "stub.py.jsonl").read_text().splitlines()) == 3  # none of them ran anything
+    # a later session on the same CPU: the same command resumes the arm
+    res = subprocess.run(["bash", queue], env=env, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0 and len((tmp_path / "stub.py.jsonl").read_text().splitlines()) == 6  # resumed
     (side / "rows").mkdir(parents=True)
     (side / "rows" / "per_query-r1000.jsonl.gz").write_bytes(b"")
     res = subprocess.run(["bash", queue], env=env, capture_output=True, text=True, timeout=60)
     assert res.returncode == 0 and "recorded already" in res.stdout
-    assert len((tmp_path / "stub.py.jsonl").read_text().splitlines()) == 3  # nothing ran again
+    assert len((tmp_path / "stub.py.jsonl").read_text().splitlines()) == 6  # nothing ran again
+
+
+def test_the_device_stamp_names_the_cpu_and_its_bf16_instructions_not_the_day():
+    """HERE mode's stamp (amendment 6): two sessions on one CPU agree; another generation, another bf16 unit or
+    another torch does not."""
+    from epr.reports.machine import machine, stamp
+
+    m = machine()
+    assert stamp(m) == stamp({**m, "date": "2030-01-01 00:00", "threads": 99})
+    for other in ({"cpu_model": "1"}, {"amx_bf16": not m["amx_bf16"]}, {"torch": "0.0"}, {"cpu": "Other"}):
+        assert stamp({**m, **other}) != stamp(m)

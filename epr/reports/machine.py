@@ -6,7 +6,7 @@ import platform
 import time
 from pathlib import Path
 
-__all__ = ["machine", "describe"]
+__all__ = ["machine", "describe", "stamp"]
 
 ZEN = {("25", "17"): "Zen 4", ("25", "1"): "Zen 3", ("23", "49"): "Zen 2", ("23", "1"): "Zen 1"}
 
@@ -60,3 +60,10 @@ def describe(m: dict) -> str:
         known = ZEN.get((str(m["cpu_family"]), str(m.get("cpu_model")))) if "AMD" in m["cpu"] else None
         gen = f" [{known}]" if known else f" [family {m['cpu_family']} model {m.get('cpu_model')}]"
     return f"{m['cpu']}{gen} ({simd}), {m['threads']} threads{gpu}, torch {m['torch']}, {m['date']}"
+
+
+def stamp(m: dict) -> str:
+    """What names a CPU device for a bf16 arm that may resume in a later session (``scripts/gpu_queue.sh`` HERE
+    mode): the CPU's name and generation, its bf16 instructions and torch. Not the date or threads."""
+    bf16 = "+".join(k for k in ("amx_bf16", "avx512_bf16") if m.get(k)) or "no-bf16"
+    return f"{m['cpu']} (family {m.get('cpu_family')} model {m.get('cpu_model')}, {bf16}), torch {m['torch']}"
