@@ -220,8 +220,12 @@ def test_paper_config_and_round_one_reproduce_the_committed_fingerprints(monkeyp
     committed round-1 labels' fingerprint, and round 1 of the default two-round MTOP run (fp32 labels) is the
     committed round-1 encoder (results/mtop-curve-round1/, -locked/), so its round 2 re-mines exactly what the
     chained runs mined."""
+    import torch
+
     root = Path(__file__).resolve().parents[2]
     monkeypatch.chdir(root)  # the configs' data_dir (../shared/data) is relative to the repository root
+    # the committed runs were made on CPUs: on a GPU machine too, the keys are the CPU's (device and its sizes)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     paper = Context(load_config(["configs/mtop_curve.yaml", "configs/paper.yaml"], ["train.seed=42"]))
     assert paper.round == 1 and paper.cfg.train.loss == "epr" and paper.cfg.select.size == 0
     assert pipeline.stage_fingerprint(paper, "labels") == _committed_fp("mtop-curve-round1", "bm25.json")
