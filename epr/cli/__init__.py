@@ -310,10 +310,8 @@ def _dispatch(ctx, args: argparse.Namespace) -> int:
     from epr import pipeline
 
     if args.cmd == "status":
-        for label, state, path in pipeline.status_rows(
-            ctx, pipeline.final_stage(ctx)
-        ):  # this config's stages
-            sys.stdout.write(f"{label:<18} {state:<8} {path}\n")
+        for label, state, path, kept in pipeline.status_rows(ctx, pipeline.final_stage(ctx)):
+            sys.stdout.write(f"{label:<18} {state:<8} {path}" + (f"  ({kept})" if kept else "") + "\n")
         sys.stdout.write(_selection_line(ctx) + _label_cost_line(ctx))
         return 0
     if args.cmd == "demo":

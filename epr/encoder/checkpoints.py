@@ -18,7 +18,7 @@ from pathlib import Path
 
 from epr.artifacts import atomic_write_text
 
-__all__ = ["Checkpoints", "Resumed", "save_model"]
+__all__ = ["Checkpoints", "Resumed", "kept_step", "save_model"]
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +84,13 @@ class Checkpoints:
         """Training finished: the checkpoints have served (main process)."""
         if self.acc.is_main_process:
             shutil.rmtree(self.root, ignore_errors=True)
+
+
+def kept_step(root: Path, fp: str) -> int | None:
+    """The step of the newest complete checkpoint under ``root`` saved for fingerprint ``fp`` (what the stage's
+    next run under the same settings resumes from, with as many processes), or None; reads files only."""
+    steps = [_read_json(d / PROGRESS) for d in Path(root).glob("step_*")]
+    return max((p["step"] for p in steps if p.get("fingerprint") == fp and "step" in p), default=None)
 
 
 def save_model(model, dest: Path) -> None:

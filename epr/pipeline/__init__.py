@@ -202,18 +202,37 @@ def status(ctx: Context, until: str | None = None) -> dict[str, str]:
     return {n: stage_state(ctx.stage_dir(n), stage_fingerprint(ctx, n)) for n in names}
 
 
-def status_rows(ctx: Context, until: str | None = None) -> list[tuple[str, str, Path]]:
-    """``(label, state, folder)`` of every stage this config runs, the earlier rounds' stages first (``round-1/labels``...),
-    so ``epr status`` shows each round."""
-    rows: list[tuple[str, str, Path]] = []
+def status_rows(ctx: Context, until: str | None = None) -> list[tuple[str, str, Path, str]]:
+    """``(label, state, folder, kept)`` of every stage this config runs, the earlier rounds' stages first
+    (``round-1/labels``...), so ``epr status`` shows each round; ``kept``: what an unfinished stage holds (:func:`kept`)."""
+    rows: list[tuple[str, str, Path, str]] = []
     st = status(ctx, until)
     if "rounds" in st:
         for p in ctx.rounds()[:-1]:
-            rows += [(f"round-{p.round}/{n}", s, p.stage_dir(n)) for n, s in status(p, "encoder").items()]
+            rows += [
+                (f"round-{p.round}/{n}", s, p.stage_dir(n), kept(p, n, s))
+                for n, s in status(p, "encoder").items()
+            ]
     for n, s in st.items():
         label = f"round-{ctx.round}/{n}" if n in ROUND_STAGES and ctx.round > 1 else n
-        rows.append((label, s, ctx.stage_dir(n)))
+        rows.append((label, s, ctx.stage_dir(n), kept(ctx, n, s)))
     return rows
+
+
+def kept(ctx: Context, name: str, state: str) -> str:
+    """What stage ``name`` in ``state`` holds for its next run (``epr status``), where it is not fresh: the chunks of
+    its ``parts/`` (scores, predictions; each served again only under its own key and inputs) and a training
+    checkpoint saved under the stage's fingerprint (resumed from its step); "" where it holds nothing."""
+    from epr.encoder.checkpoints import kept_step
+
+    if state == "fresh":
+        return ""
+    d = ctx.stage_dir(name)
+    n = sum(1 for _ in (d / "parts").rglob("chunk-*.json")) if (d / "parts").is_dir() else 0
+    said = [f"{n} chunk{'s' * (n != 1)} kept, served again under the same settings and inputs"] if n else []
+    if name == "encoder" and (step := kept_step(d / "checkpoints", stage_fingerprint(ctx, name))) is not None:
+        said.append(f"training resumes from its checkpoint at step {step}")
+    return "; ".join(said)
 
 
 ROUND_STAGES = ("candidates", "scores", "labels", "encoder")  # what each round runs anew

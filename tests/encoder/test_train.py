@@ -185,6 +185,9 @@ runpy.run_path(sys.argv[0], run_name="__main__")
     assert pipeline.status(ctx)["encoder"] == "missing"
     assert sorted(p.name for p in (out / "checkpoints").glob("step_*")) == ["step_6", "step_8"]
     assert not (out / "checkpoints" / "step_8" / "progress.json").exists()
+    # `epr status` names the step the next run resumes from: 6, the newest complete one (not the half-written 8)
+    row = [r for r in pipeline.status_rows(ctx) if r[0] == "encoder"]
+    assert row[0][1] == "missing" and row[0][3] == "training resumes from its checkpoint at step 6"
 
     steps["steps"] = 0
     pipeline.run_stage(ctx, "encoder")  # the stage again, same config: resumes in-process

@@ -85,6 +85,12 @@ def test_killed_scoring_resumes_identically(tmp_path, tiny_task_files, tiny_lm_d
         pipeline.run_stage(ctx, "scores")
     assert pipeline.status(ctx)["scores"] == "missing"  # no manifest: not mistaken for finished
     assert len(list((ctx.stage_dir("scores") / "parts").glob("chunk-*.json"))) == 2
+    kept = {r[0]: r[3] for r in pipeline.status_rows(ctx, "scores")}  # what `epr status` says of it
+    assert kept == {
+        "examples": "",
+        "candidates": "",
+        "scores": "2 chunks kept, served again under the same settings and inputs",
+    }
 
     calls["n"] = -100  # the resumed run must only score the 4 missing chunks
     monkeypatch.setattr(
@@ -95,6 +101,11 @@ def test_killed_scoring_resumes_identically(tmp_path, tiny_task_files, tiny_lm_d
     pipeline.run_stage(ctx, "scores")
     assert calls["n"] == -100 + 4
     assert (ctx.stage_dir("scores") / "scores.jsonl").read_bytes() == expected
+    assert [r[3] for r in pipeline.status_rows(ctx, "scores")] == [
+        "",
+        "",
+        "",
+    ]  # fresh: nothing said of its parts
 
 
 def test_bm25_label_source_needs_no_lm(tmp_path, tiny_task_files):
