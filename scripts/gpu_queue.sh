@@ -25,7 +25,7 @@
 # to carry its 13 pieces: they would only wait their 300 s).
 #   1. results/mtop-8000-locked (PLAN amendment 3): seed 2, whole on the GPU, round 1's labels imported.
 #   2. results/smcalflow-recipe-choices (PLAN amendment 3): A, E, B, C, D.
-#   3. results/break-recipe-choices (PLAN amendment 3): A, E, B.
+#   3. results/break-recipe-choices (PLAN amendments 3 and 7): A, E, B (4,000 labels with mpnet).
 #   4. results/mtop-recipe-choices (PLAN amendment 6): D2, mpnet at 8,000 labels, after its MiniLM arm on the same GPU.
 # The lanes share the GPU. On the H200 a scoring process's torch reserved about 5 GB (its scores log says);
 # what filled the GPU was jax, which bm25s started at import, now kept off it (cfefc1b). Four lanes side by side
@@ -47,15 +47,15 @@ lane1="$mtop --set train.seed=2 --set train.length_buckets=4 --set name=mtop-800
 lane2="$smc $oracle --set name=smc-1000;$wait;?$smc $mpnet --set name=smc-1000-mpnet"
 for n in 2000 4000 8000; do lane2+=";$smc --set candidates.num_queries=$n --set name=smc-$n"; done
 lane3="$brk $oracle --set name=break-2000;$wait;?$brk $mpnet --set name=break-2000-mpnet"
-lane3+=";$brk --set candidates.num_queries=4000 --set name=break-4000"
+lane3+=";$wait;?$brk $mpnet --set candidates.num_queries=4000 --set name=break-4000-mpnet"  # B (amendment 7)
 lane4="$dev --set name=mtop-8000;$wait;?$dev $mpnet --set name=mtop-8000-mpnet"
 # where each run is recorded (its plan's `epr experiment record`): the results folder, the part, the side's name.
 # A run whose rows are there already has left the queue (and the barrier before it): COLLECT below records them.
 declare -A rec=([mtop-8000-locked-s2]="mtop-8000-locked locked s2" [mtop-8000]="mtop-recipe-choices dev r8000gpu2"
   [mtop-8000-mpnet]="mtop-recipe-choices dev r8000mpnet" [smc-1000-mpnet]="smcalflow-recipe-choices dev r1000mpnet"
-  [break-2000-mpnet]="break-recipe-choices dev r2000mpnet")
+  [break-2000-mpnet]="break-recipe-choices dev r2000mpnet" [break-2000]="break-recipe-choices dev r2000"
+  [break-4000-mpnet]="break-recipe-choices dev r4000mpnet")
 for n in 1000 2000 4000 8000; do rec[smc-$n]="smcalflow-recipe-choices dev r$n"; done
-for n in 2000 4000; do rec[break-$n]="break-recipe-choices dev r$n"; done
 results=${RESULTS:-results}
 name_of() { grep -oE -- '--set name=[^ "]+' <<< "$1" | tail -1 | cut -d= -f2; }
 recorded() { local r; read -ra r <<< "${rec[$1]:-}"; [ -n "${r[0]:-}" ] && [ -e "$results/${r[0]}/rows/per_query-${r[2]}.jsonl.gz" ]; }

@@ -246,7 +246,7 @@ def test_the_queue_imports_the_earlier_lease_and_passes_each_planned_run_whole(t
         "smc-8000",
     ]
     assert [n for n in names if n.startswith("break")] == [  # A and E recorded (ran on a CPU, amendments 5-6)
-        "break-4000",
+        "break-4000-mpnet",  # B, with the encoder E chose (amendment 7)
     ]
     assert "mtop-8000-locked-s2" not in names  # recorded (results/mtop-8000-locked, seed 2 ran on a CPU)
     assert [n for n in names if n in ("mtop-8000", "mtop-8000-mpnet")] == ["mtop-8000", "mtop-8000-mpnet"]
@@ -254,6 +254,8 @@ def test_the_queue_imports_the_earlier_lease_and_passes_each_planned_run_whole(t
     assert "models.encoder=mpnet" in by_name["mtop-8000-mpnet"]  # the plan's arms, as amendment 6 names them
     assert "retrieve.retrievers=[epr,hybrid]" in by_name["mtop-8000-mpnet"]
     assert "models.encoder=mpnet" not in by_name["mtop-8000"]
+    assert "models.encoder=mpnet" in by_name["break-4000-mpnet"]
+    assert "candidates.num_queries=4000" in by_name["break-4000-mpnet"]
     for n in ("mtop-8000", "mtop-8000-mpnet"):  # dev: the locked examples are the other plan's, read once
         assert "candidates.num_queries=8000" in by_name[n] and not any("eval_part" in a for a in by_name[n])
     # the queued runs take the GPU's default (one padded batch), as their plans' amendments say
@@ -332,13 +334,13 @@ def test_the_queue_smoke_runs_each_distinct_run_shrunk_and_on_dev(tmp_path):
     calls = [json.loads(x) for x in (tmp_path / "stub.py.jsonl").read_text().splitlines()]
     names = [next(a for a in c if a.startswith("name=")).removeprefix("name=") for c in calls]
     # shrunk, smc-4000 and smc-8000 are smc-2000 (the locked seed, smc-1000, break-2000 and their mpnet arms are recorded)
-    assert names == ["smc-2000", "break-4000", "mtop-8000", "mtop-8000-mpnet"]  # fmt: skip
+    assert names == ["smc-2000", "break-4000-mpnet", "mtop-8000", "mtop-8000-mpnet"]  # fmt: skip
     for c in calls:
         sets = [c[i + 1] for i, a in enumerate(c) if a == "--set"]
         last = {s.split("=")[0]: s.split("=", 1)[1] for s in sets}  # a later --set of a key wins
         assert last["data.eval_part"] == "dev" and last["candidates.num_queries"] == "64"
         assert last["run_root"] == str(tmp_path / "smoke")
-    assert "smoke: break-4000 passed" in res.stdout
+    assert "smoke: break-4000-mpnet passed" in res.stdout
 
 
 def test_a_barrier_with_its_own_limit_and_an_optional_run_keep_the_lane_going(tmp_path):
@@ -424,7 +426,7 @@ def test_a_recorded_run_leaves_the_queue_and_collect_records_what_a_lease_finish
         ["bash", queue], env={**env, "DRY_RUN": "1", "MPNET": "0"}, capture_output=True, text=True
     )
     steps = plan.stdout.splitlines()[1:]
-    assert not [x for x in steps if "mpnet" in x] and len(steps) == 6
+    assert not [x for x in steps if "mpnet" in x] and len(steps) == 5
 
 
 def test_here_runs_one_queued_arm_on_this_machine_then_exports_its_labels_and_records_it(tmp_path):
