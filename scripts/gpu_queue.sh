@@ -24,7 +24,7 @@
 # on this machine before a lease; DRY_RUN=1 prints the queue. MPNET=0 leaves mpnet's arms out (a lease too short
 # to carry its 13 pieces: they would only wait their 300 s).
 #   1. results/mtop-8000-locked (PLAN amendment 3): seed 2, whole on the GPU, round 1's labels imported.
-#   2. results/smcalflow-recipe-choices (PLAN amendment 3): A, E, B, C, D.
+#   2. results/smcalflow-recipe-choices (PLAN amendment 3): A, E, B; B failed the walk's rule: C and D do not run.
 #   3. results/break-recipe-choices (PLAN amendments 3 and 7): A, E, B (4,000 labels with mpnet).
 #   4. results/mtop-recipe-choices (PLAN amendment 6): D2, mpnet at 8,000 labels, after its MiniLM arm on the same GPU.
 # The lanes share the GPU. On the H200 a scoring process's torch reserved about 5 GB (its scores log says);
@@ -45,7 +45,7 @@ wait='after:mpnet.ok@300'
 # seed 2 trains as seeds 42 and 1 did (4 length buckets, then the default everywhere; a GPU's default is now 1)
 lane1="$mtop --set train.seed=2 --set train.length_buckets=4 --set name=mtop-8000-locked-s2"
 lane2="$smc $oracle --set name=smc-1000;$wait;?$smc $mpnet --set name=smc-1000-mpnet"
-for n in 2000 4000 8000; do lane2+=";$smc --set candidates.num_queries=$n --set name=smc-$n"; done
+lane2+=";$smc --set candidates.num_queries=2000 --set name=smc-2000"  # the walk stopped here (its PLAN's rule)
 lane3="$brk $oracle --set name=break-2000;$wait;?$brk $mpnet --set name=break-2000-mpnet"
 lane3+=";$wait;?$brk $mpnet --set candidates.num_queries=4000 --set name=break-4000-mpnet"  # B (amendment 7)
 lane4="$dev --set name=mtop-8000;$wait;?$dev $mpnet --set name=mtop-8000-mpnet"
@@ -55,7 +55,7 @@ declare -A rec=([mtop-8000-locked-s2]="mtop-8000-locked locked s2" [mtop-8000]="
   [mtop-8000-mpnet]="mtop-recipe-choices dev r8000mpnet" [smc-1000-mpnet]="smcalflow-recipe-choices dev r1000mpnet"
   [break-2000-mpnet]="break-recipe-choices dev r2000mpnet" [break-2000]="break-recipe-choices dev r2000"
   [break-4000-mpnet]="break-recipe-choices dev r4000mpnet")
-for n in 1000 2000 4000 8000; do rec[smc-$n]="smcalflow-recipe-choices dev r$n"; done
+for n in 1000 2000; do rec[smc-$n]="smcalflow-recipe-choices dev r$n"; done
 results=${RESULTS:-results}
 name_of() { grep -oE -- '--set name=[^ "]+' <<< "$1" | tail -1 | cut -d= -f2; }
 recorded() { local r; read -ra r <<< "${rec[$1]:-}"; [ -n "${r[0]:-}" ] && [ -e "$results/${r[0]}/rows/per_query-${r[2]}.jsonl.gz" ]; }

@@ -236,15 +236,12 @@ def test_the_queue_imports_the_earlier_lease_and_passes_each_planned_run_whole(t
     calls = [json.loads(x) for x in (tmp_path / "stub.py.jsonl").read_text().splitlines()]
     assert calls[0][:3] == ["cache", "import", "results/mtop-8000-locked/scores-h200.json.gz"]
     got = [c[1:-4] for c in calls[1:]]  # each run's own arguments, without the run root and the data dir
-    assert sorted(got) == sorted(shlex.split(r) for r in runs) and len(runs) == 6
+    assert sorted(got) == sorted(shlex.split(r) for r in runs) and len(runs) == 3
     names = [
         a[-1].removeprefix("name=") for a in got
     ]  # in the order they started: each lane in its plan's order
-    assert [n for n in names if n.startswith("smc")] == [  # A and E recorded (ran on a CPU, amendment 5)
-        "smc-2000",
-        "smc-4000",
-        "smc-8000",
-    ]
+    # SMCalFlow's A, E and B recorded (ran on a CPU, amendment 5); B did not pass the walk's rule: C and D never run
+    assert not [n for n in names if n.startswith("smc")]
     assert [n for n in names if n.startswith("break")] == [  # A and E recorded (ran on a CPU, amendments 5-6)
         "break-4000-mpnet",  # B, with the encoder E chose (amendment 7)
     ]
@@ -323,18 +320,18 @@ def test_the_queue_smoke_runs_each_distinct_run_shrunk_and_on_dev(tmp_path):
     seed or name run once; a failing one is named and the script fails."""
     import json
 
-    (tmp_path / "stub.py").write_text(CACHE_STUB.replace('"bad.json.gz" in args', '"name=smc-2000" in args'))
+    (tmp_path / "stub.py").write_text(CACHE_STUB.replace('"bad.json.gz" in args', '"name=mtop-8000" in args'))
     env = {**os.environ, "PY": f"{sys.executable} {tmp_path / 'stub.py'}", "SMOKE": "1",
            "SMOKE_ROOT": str(tmp_path / "smoke")}  # fmt: skip
     for k in ("OUT", "RUNS", "IMPORT", "DRY_RUN"):
         env.pop(k, None)
     res = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_queue.sh")], env=env, capture_output=True, text=True,
                          timeout=60)  # fmt: skip
-    assert res.returncode == 1 and "smoke: smc-2000 FAILED" in res.stdout
+    assert res.returncode == 1 and "smoke: mtop-8000 FAILED" in res.stdout
     calls = [json.loads(x) for x in (tmp_path / "stub.py.jsonl").read_text().splitlines()]
     names = [next(a for a in c if a.startswith("name=")).removeprefix("name=") for c in calls]
-    # shrunk, smc-4000 and smc-8000 are smc-2000 (the locked seed, smc-1000, break-2000 and their mpnet arms are recorded)
-    assert names == ["smc-2000", "break-4000-mpnet", "mtop-8000", "mtop-8000-mpnet"]  # fmt: skip
+    # the locked seed, SMCalFlow's arms, break-2000 and their mpnet arms are recorded
+    assert names == ["break-4000-mpnet", "mtop-8000", "mtop-8000-mpnet"]  # fmt: skip
     for c in calls:
         sets = [c[i + 1] for i, a in enumerate(c) if a == "--set"]
         last = {s.split("=")[0]: s.split("=", 1)[1] for s in sets}  # a later --set of a key wins
@@ -420,13 +417,13 @@ def test_a_recorded_run_leaves_the_queue_and_collect_records_what_a_lease_finish
     assert "mtop-8000-locked-s2" not in names and "smc-1000" not in names
     i = names.index("smc-1000-mpnet")
     assert steps[i - 1] == "after:mpnet.ok@300" and names[i + 1] == "smc-2000"  # E keeps its wait for mpnet
-    assert len([n for n in names if not n.startswith("after:")]) == 9
+    assert len([n for n in names if not n.startswith("after:")]) == 7
     # a lease that will not carry mpnet's pieces: its arms and their waits are left out
     plan = subprocess.run(
         ["bash", queue], env={**env, "DRY_RUN": "1", "MPNET": "0"}, capture_output=True, text=True
     )
     steps = plan.stdout.splitlines()[1:]
-    assert not [x for x in steps if "mpnet" in x] and len(steps) == 5
+    assert not [x for x in steps if "mpnet" in x] and len(steps) == 3
 
 
 def test_here_runs_one_queued_arm_on_this_machine_then_exports_its_labels_and_records_it(tmp_path):
