@@ -56,6 +56,9 @@ declare -A rec=([mtop-8000-locked-s2]="mtop-8000-locked locked s2" [mtop-8000]="
   [break-2000-mpnet]="break-recipe-choices dev r2000mpnet" [break-2000]="break-recipe-choices dev r2000"
   [break-4000-mpnet]="break-recipe-choices dev r4000mpnet")
 for n in 1000 2000; do rec[smc-$n]="smcalflow-recipe-choices dev r$n"; done
+# arms whose labels may be scored over sessions on more than one bf16 CPU (BREAK's PLAN amendment 8), with the
+# committed label files (in the arm's results folder) of the arms they build on, imported before each session
+declare -A moves=([break-4000-mpnet]="scores-r2000-zen4.json.gz scores-r2000mpnet-zen4.json.gz")
 results=${RESULTS:-results}
 name_of() { grep -oE -- '--set name=[^ "]+' <<< "$1" | tail -1 | cut -d= -f2; }
 recorded() { local r; read -ra r <<< "${rec[$1]:-}"; [ -n "${r[0]:-}" ] && [ -e "$results/${r[0]}/rows/per_query-${r[2]}.jsonl.gz" ]; }
@@ -102,7 +105,8 @@ if [ -n "${HERE:-}" ]; then
   # results folder>), under run root R (runs). Then its labels go beside its results folder
   # (scores-<side>-$MACHINE.json.gz: a GPU's later arms read them with scoring.accept_devices=[cpu]) and the run is
   # recorded there, as COLLECT records a lease's runs. DTYPE overrides what `auto` resolves to here. The same
-  # command in a later session resumes the arm where it stopped (amendment 6), on the CPU it started on only.
+  # command in a later session resumes the arm where it stopped (amendment 6), on the CPU it started on only; an
+  # arm in `moves` above, on any bf16 CPU, its labels carried between sessions in parts (BREAK's amendment 8).
   step=""; IFS='|;' read -ra all <<< "$lane1;$lane2;$lane3;$lane4"
   for s in "${all[@]}"; do [[ $s != after:* && $(name_of "$s") == "$HERE" ]] && step=${s#\?}; done
   [ -n "$step" ] || { echo "gpu_queue: HERE=$HERE is no queued run's name"; exit 2; }
@@ -118,16 +122,31 @@ if [ -n "${HERE:-}" ]; then
   # one device an arm (amendment 6): its start stamps this CPU; a later session resumes it only on the same CPU
   # (name, generation, bf16 instructions, torch). DEVICE overrides the stamp.
   here=${DEVICE:-$($py -c 'from epr.reports.machine import machine, stamp; print(stamp(machine()))')}
-  mkdir -p "$root"; stamp=$root/$HERE.device
-  [ -f "$stamp" ] || echo "$here" > "$stamp"
-  if [ "$(cat "$stamp")" != "$here" ]; then
-    echo "gpu_queue: $HERE started on '$(cat "$stamp")', and this machine is '$here': an arm keeps one device."
-    echo "  Carry its labels to a GPU instead: epr cache export <file> $step --this-run"; exit 2
+  mkdir -p "$root"; stamp=$root/$HERE.device; side=$results/${r[0]}
+  if [ -n "${moves[$HERE]+x}" ]; then
+    # amendment 8: the stamp lists every CPU the arm ran on; the labels it builds on and its own earlier sessions'
+    # parts are imported first (an import keeps what the cache holds already). PART=1, once a session's run has
+    # stopped: its new labels so far, without those of the files before them, as the next part (commit it)
+    grep -qxF "$here" "$stamp" 2>/dev/null || echo "$here" >> "$stamp"
+    held=(); for f in ${moves[$HERE]}; do held+=("$side/$f"); done
+    for f in "$side/scores-${r[2]}-part"*.json.gz; do [ -f "$f" ] && held+=("$f"); done
+    if [ "${PART:-0}" = 1 ]; then
+      part=$side/scores-${r[2]}-part$((${#held[@]} - $(wc -w <<< "${moves[$HERE]}") + 1))-${MACHINE:-cpu}.json.gz
+      eval "$py -m epr.cli cache export $part $step --this-lm $(printf -- '--skip %q ' "${held[@]}")"
+      echo "gpu_queue: $HERE's labels so far are in $part (commit it: the next session imports it)"; exit 0
+    fi
+    for f in "${held[@]}"; do eval "$py -m epr.cli cache import $f $step"; done
+  else
+    [ -f "$stamp" ] || echo "$here" > "$stamp"
+    if [ "$(cat "$stamp")" != "$here" ]; then
+      echo "gpu_queue: $HERE started on '$(cat "$stamp")', and this machine is '$here': an arm keeps one device."
+      echo "  Carry its labels to a GPU instead: epr cache export <file> $step --this-run"; exit 2
+    fi
   fi
   eval "$py -m epr.cli run $step"
-  eval "$py -m epr.cli cache export $results/${r[0]}/scores-${r[2]}-${MACHINE:-cpu}.json.gz $step --this-run"
-  $py -m epr.cli experiment record "$root/$HERE" "$results/${r[0]}" --part "${r[1]}" --as "${r[2]}"
-  echo "gpu_queue: $HERE recorded as ${r[2]} in $results/${r[0]} (check it, then commit the folder)"
+  eval "$py -m epr.cli cache export $side/scores-${r[2]}-${MACHINE:-cpu}.json.gz $step --this-run"
+  $py -m epr.cli experiment record "$root/$HERE" "$side" --part "${r[1]}" --as "${r[2]}"
+  echo "gpu_queue: $HERE recorded as ${r[2]} in $side (check it, then commit the folder)"
   exit 0
 fi
 [ -n "$RUNS" ] || { echo "gpu_queue: every queued run is recorded: nothing to run"; exit 0; }

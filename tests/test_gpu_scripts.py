@@ -128,7 +128,7 @@ import json, sys
 args = sys.argv[3:]
 with open(sys.argv[0] + ".jsonl", "a") as f:
     f.write(json.dumps(args) + "\\n")
-sys.exit(7 if "bad.json.gz" in args else 0)
+sys.exit(7 if any(a.endswith("bad.json.gz") for a in args) else 0)
 """
 
 
@@ -320,7 +320,9 @@ def test_the_queue_smoke_runs_each_distinct_run_shrunk_and_on_dev(tmp_path):
     seed or name run once; a failing one is named and the script fails."""
     import json
 
-    (tmp_path / "stub.py").write_text(CACHE_STUB.replace('"bad.json.gz" in args', '"name=mtop-8000" in args'))
+    (tmp_path / "stub.py").write_text(
+        CACHE_STUB.replace('any(a.endswith("bad.json.gz") for a in args)', '"name=mtop-8000" in args')
+    )
     env = {**os.environ, "PY": f"{sys.executable} {tmp_path / 'stub.py'}", "SMOKE": "1",
            "SMOKE_ROOT": str(tmp_path / "smoke")}  # fmt: skip
     for k in ("OUT", "RUNS", "IMPORT", "DRY_RUN"):
@@ -483,3 +485,72 @@ def test_the_device_stamp_names_the_cpu_and_its_bf16_instructions_not_the_day():
     assert stamp(m) == stamp({**m, "date": "2030-01-01 00:00", "threads": 99})
     for other in ({"cpu_model": "1"}, {"amx_bf16": not m["amx_bf16"]}, {"torch": "0.0"}, {"cpu": "Other"}):
         assert stamp({**m, **other}) != stamp(m)
+
+
+def test_here_carries_an_arms_labels_between_sessions_on_different_bf16_cpus_in_parts(tmp_path):
+    """An arm in the queue's ``moves`` table (BREAK's PLAN amendment 8: B's labels may be scored over sessions on
+    more than one bf16 CPU): each session imports the labels the arm builds on and its own earlier parts before it
+    runs; the stamp lists every CPU instead of refusing another one; ``PART=1`` exports the session's new labels
+    without those of every file before them, numbered after the parts that exist; an import that fails runs
+    nothing."""
+    import json
+    import shlex
+
+    (tmp_path / "stub.py").write_text(CACHE_STUB)
+    results = tmp_path / "results"
+    side = results / "break-recipe-choices"
+    side.mkdir(parents=True)
+    zen4, zen5 = (f"AMD EPYC (family {f}, avx512_bf16), torch 2.13.0" for f in ("25 model 17", "26 model 2"))
+    env = {**os.environ, "PY": f"{sys.executable} {tmp_path / 'stub.py'}", "RESULTS": str(results),
+           "R": str(tmp_path / "runs"), "HERE": "break-4000-mpnet", "DTYPE": "bf16", "MACHINE": "zen5",
+           "DEVICE": zen5}  # fmt: skip
+    for k in ("OUT", "RUNS", "IMPORT", "DRY_RUN", "SMOKE", "COLLECT", "PART"):
+        env.pop(k, None)
+    queue = str(ROOT / "scripts" / "gpu_queue.sh")
+    log = tmp_path / "stub.py.jsonl"
+
+    def calls():
+        return [json.loads(x) for x in log.read_text().splitlines()] if log.exists() else []
+
+    own = shlex.split(
+        '-c configs/break.yaml --set models.encoder=mpnet --set "retrieve.retrievers=[epr,hybrid]"'
+    )
+    own += ["--set", "candidates.num_queries=4000", "--set", "name=break-4000-mpnet"]
+    own += ["--set", f"run_root={tmp_path / 'runs'}"]
+    base = [str(side / "scores-r2000-zen4.json.gz"), str(side / "scores-r2000mpnet-zen4.json.gz")]
+    # session 1, on a Zen 5: the labels it builds on go in first, then the run; then its part
+    res = subprocess.run(["bash", queue], env=env, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert calls()[:3] == [
+        ["cache", "import", base[0], *own],
+        ["cache", "import", base[1], *own],
+        ["run", *own],
+    ]
+    log.unlink()
+    res = subprocess.run(
+        ["bash", queue], env={**env, "PART": "1"}, capture_output=True, text=True, timeout=60
+    )
+    part1 = str(side / "scores-r4000mpnet-part1-zen5.json.gz")
+    assert res.returncode == 0 and calls() == [
+        ["cache", "export", part1, *own, "--this-lm", "--skip", base[0], "--skip", base[1]]
+    ], res.stdout + res.stderr
+    (side / "scores-r4000mpnet-part1-zen5.json.gz").write_bytes(b"")
+    log.unlink()
+    # session 2, on a Zen 4: accepted and listed; part 1 is imported too, and part 2 skips it
+    res = subprocess.run(["bash", queue], env={**env, "DEVICE": zen4, "MACHINE": "zen4"}, capture_output=True,
+                         text=True, timeout=60)  # fmt: skip
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert [c[:3] for c in calls()[:4]] == [["cache", "import", b] for b in (*base, part1)] + [
+        ["run", *own[:2]]
+    ]
+    assert (tmp_path / "runs" / "break-4000-mpnet.device").read_text() == f"{zen5}\n{zen4}\n"
+    log.unlink()
+    res = subprocess.run(["bash", queue], env={**env, "PART": "1", "MACHINE": "zen4"}, capture_output=True,
+                         text=True, timeout=60)  # fmt: skip
+    assert calls()[0][:3] == ["cache", "export", str(side / "scores-r4000mpnet-part2-zen4.json.gz")]
+    assert calls()[0][-6:] == ["--skip", base[0], "--skip", base[1], "--skip", part1]
+    # a session whose import fails runs nothing
+    log.unlink()
+    (side / "scores-r4000mpnet-part2-bad.json.gz").write_bytes(b"")
+    res = subprocess.run(["bash", queue], env=env, capture_output=True, text=True, timeout=60)
+    assert res.returncode != 0 and not [c for c in calls() if c[0] == "run"]
