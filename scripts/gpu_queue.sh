@@ -129,9 +129,9 @@ if [ -n "${HERE:-}" ]; then
     # stopped: its new labels so far, without those of the files before them, as the next part (commit it)
     grep -qxF "$here" "$stamp" 2>/dev/null || echo "$here" >> "$stamp"
     held=(); for f in ${moves[$HERE]}; do held+=("$side/$f"); done
-    for f in "$side/scores-${r[2]}-part"*.json.gz; do [ -f "$f" ] && held+=("$f"); done
+    parts=0; for f in "$side/scores-${r[2]}-part"*.json.gz; do [ -f "$f" ] && held+=("$f") && parts=$((parts + 1)); done
     if [ "${PART:-0}" = 1 ]; then
-      part=$side/scores-${r[2]}-part$((${#held[@]} - $(wc -w <<< "${moves[$HERE]}") + 1))-${MACHINE:-cpu}.json.gz
+      part=$side/scores-${r[2]}-part$((parts + 1))-${MACHINE:-cpu}.json.gz
       eval "$py -m epr.cli cache export $part $step --this-lm $(printf -- '--skip %q ' "${held[@]}")"
       echo "gpu_queue: $HERE's labels so far are in $part (commit it: the next session imports it)"; exit 0
     fi
