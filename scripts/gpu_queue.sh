@@ -47,7 +47,7 @@ lane1="$mtop --set train.seed=2 --set train.length_buckets=4 --set name=mtop-800
 lane2="$smc $oracle --set name=smc-1000;$wait;?$smc $mpnet --set name=smc-1000-mpnet"
 lane2+=";$smc --set candidates.num_queries=2000 --set name=smc-2000"  # the walk stopped here (its PLAN's rule)
 lane3="$brk $oracle --set name=break-2000;$wait;?$brk $mpnet --set name=break-2000-mpnet"
-lane3+=";$wait;?$brk $mpnet --set candidates.num_queries=4000 --set name=break-4000-mpnet"  # B (amendment 7)
+lane3+=";$wait;?$brk $mpnet --set candidates.num_queries=4000 --set name=break-4000-mpnet"  # B (amendment 7): recorded; rule B failed, the walk ends here
 lane4="$dev --set name=mtop-8000;$wait;?$dev $mpnet --set name=mtop-8000-mpnet"
 # where each run is recorded (its plan's `epr experiment record`): the results folder, the part, the side's name.
 # A run whose rows are there already has left the queue (and the barrier before it): COLLECT below records them.
