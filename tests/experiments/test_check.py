@@ -391,6 +391,55 @@ def test_the_gap_plot_draws_a_slices_folders_sides_at_their_label_counts():
     assert got == pytest.approx(sorted(want_gap.values()))
 
 
+def test_the_gap_plot_draws_a_locked_looks_pooled_seeds_once_and_a_served_side_once():
+    """MTOP's 3-seed locked look (``s42:served,s1:served,s2:served``; each seed's select served epr) is one point of
+    3 seeds at 8,000 labels, standing for each seed and the 2-seed pool, its cost the largest seed's; where a run
+    has its own row of what select served (BREAK's and SMCalFlow's dev choices), its served side is not drawn again."""
+    e = load(RESULTS / "mtop-8000-locked")
+    rows = {e.name: checking.recompute(e)[0]}
+    (pt,) = index.gap_points([e], rows)
+    pooled = "s42:served,s1:served,s2:served"
+    assert (pt["row"], pt["seeds"], pt["labels"], pt["locked"]) == (pooled, 3, 8000, True)
+    assert pt["gap"] == rows[e.name][pooled]["oracle_gap_captured"]["gold_logprob"]
+    costs = [json.loads((e.folder / f"label-cost-{s}.json").read_text()) for s in ("s42", "s1", "s2")]
+    assert pt["scored_sequences"] == max(c["scored_sequences"] for c in costs)
+    for name in ("break-recipe-choices", "smcalflow-recipe-choices"):
+        e = load(RESULTS / name)
+        rows = {e.name: checking.recompute(e)[0]}
+        got = sorted(p["row"] for p in index.gap_points([e], rows))
+        runs = sorted(f.stem.removeprefix("label-cost-") for f in e.folder.glob("label-cost-*.json"))
+        assert got == sorted(f"{r}:{t}" for r in runs for t in ("epr", "hybrid")), name
+
+
+def test_the_cost_table_lists_each_counted_point_beside_its_gap():
+    """results/README.md's "What the labels cost" (issue 48): each point whose labels' LM cost was counted, in the
+    datasets' order then by label count, with its sequences and its share of the gap; uncounted points are left out,
+    and no counted point leaves no table."""
+
+    def pt(ds, labels, scored, gap=0.25, ci=(0.1, 0.4)):
+        return {"dataset": ds, "split": "dev", "locked": False, "folder": f"{ds}-f", "row": "r:epr",
+                "labels": labels, "seeds": 1, "scored_sequences": scored, "gap": gap, "ci": ci}  # fmt: skip
+
+    pts = [
+        pt("break", 4000, 114304),
+        pt("mtop", 2000, 56920, 0.3),
+        pt("mtop", 1000, None),
+        pt("break", 2000, 56591),
+    ]
+    lines = index.cost_table(pts, ("mtop", "break", "smcalflow"))
+    body = [x for x in lines if x.startswith("| ") and not x.startswith("| dataset")]
+    assert [x.split(" | ")[0] + " " + x.split(" | ")[4] for x in body] == [
+        "| mtop 2,000", "| break 2,000", "| break 4,000"
+    ]  # fmt: skip
+    assert body[2].endswith("| 114,304 | 0.25 (0.10 to 0.40) |")
+    assert index.cost_table([pt("mtop", 1000, None)]) == []
+    text, _ = index.build(RESULTS)
+    assert (
+        "| break | dev | [break-recipe-choices](break-recipe-choices/) | r4000mpnet:hybrid | 4,000 | 1 | 114,304 |"
+        in text
+    )
+
+
 def test_a_slices_folder_pools_seeds_and_reads_what_select_served(tmp_path):
     """A pre-registered 3-seed locked look (issue 48) as a slices folder: ``<seed>:served`` is the retriever the
     seed's ``select`` served (``select-report-<seed>.json``), and sides joined by commas are one side pooled per
