@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from epr.experiments import check as checking
-from epr.experiments import declare, index
+from epr.experiments import declare, gap, index
 from epr.experiments.declaration import load
 from epr.reports import plots
 from epr.types import InputError
@@ -246,7 +246,7 @@ def test_the_gap_plot_draws_each_learned_point_once(tmp_path):
     every = [load(f) for f in checking.folders(RESULTS)]
     rows = {e.name: checking.recompute(e)[0] for e in every if e.kind in ("curve", "slices")}
     exps = [e for e in every if e.kind == "curve"]
-    pts = index.gap_points(exps, rows)
+    pts = gap.gap_points(exps, rows)
     assert {p["dataset"] for p in pts} == {"mtop", "break", "smcalflow"}
     assert not {p["folder"] for p in pts} & {e.name for e in exps if e.status == "superseded"}
     three = [p for p in pts if p["folder"] == "mtop-curve-round2-locked"]
@@ -255,7 +255,7 @@ def test_the_gap_plot_draws_each_learned_point_once(tmp_path):
     assert three[0]["gap"] == pytest.approx(want) and three[0]["labels"] == 2000
     sizes = sorted(p["labels"] for p in pts if p["folder"] == "mtop-curve-sizes")
     assert sizes[0] == 250 and sizes[-1] == 2000
-    everything = index.gap_points([e for e in every if e.name in rows], rows)  # with the slices' sides
+    everything = gap.gap_points([e for e in every if e.name in rows], rows)  # with the slices' sides
     series = {
         (d, s): filled for d, s, filled, _ in plots.gap_series(everything, ("mtop", "break", "smcalflow"))
     }
@@ -371,7 +371,7 @@ def test_the_gap_plot_draws_a_slices_folders_sides_at_their_label_counts():
     controls, r2000's SBERT): they cost no labels."""
     e = load(RESULTS / "mtop-recipe-choices")
     rows = {e.name: checking.recompute(e)[0]}
-    pts = index.gap_points([e], rows)
+    pts = gap.gap_points([e], rows)
     want = []  # read independently: every run with a label-cost file, once per learned side it has a row for
     for f in sorted(e.folder.glob("label-cost-*.json")):
         run, cost = f.stem.removeprefix("label-cost-"), json.loads(f.read_text())
@@ -397,7 +397,7 @@ def test_the_gap_plot_draws_a_locked_looks_pooled_seeds_once_and_a_served_side_o
     has its own row of what select served (BREAK's and SMCalFlow's dev choices), its served side is not drawn again."""
     e = load(RESULTS / "mtop-8000-locked")
     rows = {e.name: checking.recompute(e)[0]}
-    (pt,) = index.gap_points([e], rows)
+    (pt,) = gap.gap_points([e], rows)
     pooled = "s42:served,s1:served,s2:served"
     assert (pt["row"], pt["seeds"], pt["labels"], pt["locked"]) == (pooled, 3, 8000, True)
     assert pt["gap"] == rows[e.name][pooled]["oracle_gap_captured"]["gold_logprob"]
@@ -406,7 +406,7 @@ def test_the_gap_plot_draws_a_locked_looks_pooled_seeds_once_and_a_served_side_o
     for name in ("break-recipe-choices", "smcalflow-recipe-choices"):
         e = load(RESULTS / name)
         rows = {e.name: checking.recompute(e)[0]}
-        got = sorted(p["row"] for p in index.gap_points([e], rows))
+        got = sorted(p["row"] for p in gap.gap_points([e], rows))
         runs = sorted(f.stem.removeprefix("label-cost-") for f in e.folder.glob("label-cost-*.json"))
         assert got == sorted(f"{r}:{t}" for r in runs for t in ("epr", "hybrid")), name
 
@@ -426,13 +426,13 @@ def test_the_cost_table_lists_each_counted_point_beside_its_gap():
         pt("mtop", 1000, None),
         pt("break", 2000, 56591),
     ]
-    lines = index.cost_table(pts, ("mtop", "break", "smcalflow"))
+    lines = gap.cost_table(pts, ("mtop", "break", "smcalflow"))
     body = [x for x in lines if x.startswith("| ") and not x.startswith("| dataset")]
     assert [x.split(" | ")[0] + " " + x.split(" | ")[4] for x in body] == [
         "| mtop 2,000", "| break 2,000", "| break 4,000"
     ]  # fmt: skip
     assert body[2].endswith("| 114,304 | 0.25 (0.10 to 0.40) |")
-    assert index.cost_table([pt("mtop", 1000, None)]) == []
+    assert gap.cost_table([pt("mtop", 1000, None)]) == []
     text, _ = index.build(RESULTS)
     assert (
         "| break | dev | [break-recipe-choices](break-recipe-choices/) | r4000mpnet:hybrid | 4,000 | 1 | 114,304 |"
