@@ -133,6 +133,11 @@ def _side_row(r: dict) -> dict:
     return out
 
 
+def served_by(folder: Path, variant: str) -> str:
+    """The retriever a slices folder's run served: what its ``select`` chose (``select-report-<variant>.json``)."""
+    return json.loads((folder / f"select-report-{variant}.json").read_text())["selected"]
+
+
 def _slices(folder: Path, exp: Experiment) -> tuple[dict[str, dict], list[str]]:
     """Runs' rows side by side, for choices made on dev or on the training pool. A side ``<variant>:<retriever>``
     reads the first of ``rows/per_query-<variant>.jsonl.gz`` (a run's evaluation rows: gold log-prob and
@@ -164,7 +169,7 @@ def _slices(folder: Path, exp: Experiment) -> tuple[dict[str, dict], list[str]]:
         if spec not in loaded:
             # what the run's select served (select-report-<variant>.json), read once
             if retriever == "served":
-                retriever = json.loads((folder / f"select-report-{variant}.json").read_text())["selected"]
+                retriever = served_by(folder, variant)
             rows = folder / "rows"
             if (f := rows / f"per_query-{variant}.jsonl.gz").exists():
                 loaded[spec] = load_per_query(f, retriever, metric)

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from functools import cache
 
-from epr.experiments.check import lookup
+from epr.experiments.check import lookup, served_by
 from epr.experiments.declaration import Experiment
 
 __all__ = ["GAP_PLOT", "gap_points", "cost_table"]
@@ -49,27 +50,28 @@ def _slices_gap_points(e: Experiment, rows: Mapping[str, dict]) -> list[dict]:
     seeds, standing for each side or smaller pool within it; its cost is the most any one seed's labels needed."""
     from epr.config.names import LEARNED
 
+    @cache
     def resolve(side: str) -> tuple[str, str]:
         run, _, retriever = side.partition(":")
-        if retriever == "served" and (f := e.folder / f"select-report-{run}.json").exists():
-            retriever = json.loads(f.read_text())["selected"]
+        if retriever == "served" and (e.folder / f"select-report-{run}.json").exists():
+            retriever = served_by(e.folder, run)
         return run, retriever
+
+    @cache
+    def cost(run: str) -> dict | None:  # label-cost-<run>.json, read once a run
+        f = e.folder / f"label-cost-{run}.json"
+        return json.loads(f.read_text()) if f.exists() else None
 
     drawn = {}
     for name, r in rows.items():
-        sides = [resolve(s) for s in name.split(",")]
-        costs = [e.folder / f"label-cost-{run}.json" for run, _ in sides]
-        if (
-            lookup(r, "oracle_gap_captured.gold_logprob") is None
-            or "-vs-" in name
-            or not all(f.exists() for f in costs)
-        ):
+        if lookup(r, "oracle_gap_captured.gold_logprob") is None or "-vs-" in name:
             continue
-        if any(t.split("+")[0] not in LEARNED for _, t in sides):
+        sides = [resolve(s) for s in name.split(",")]
+        c = [cost(run) for run, _ in sides]
+        if None in c or any(t.split("+")[0] not in LEARNED for _, t in sides):
             continue
         if len(sides) == 1 and name.endswith(":served") and f"{sides[0][0]}:{sides[0][1]}" in rows:
             continue  # the run's own row of the retriever it served is drawn
-        c = [json.loads(f.read_text()) for f in costs]
         if len({x["rounds"][0]["examples"] for x in c}) > 1:
             continue  # seeds of different label counts: not one point
         drawn[name] = (frozenset(sides), c)
