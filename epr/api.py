@@ -28,8 +28,9 @@ from epr.artifacts import read_jsonl
 from epr.cache import fingerprint, read_manifest
 from epr.config import DataConfig, RagsysConfig, RetrieveConfig, config_from_dict
 from epr.encoder.model import DualEncoder
+from epr.prompt import PromptFormat, config_from_spec
 from epr.retrieval.index import build_index, load_index, save_index, search
-from epr.retrieval.modes import LazyBM25, check_mode, rank, served_mode
+from epr.retrieval.modes import LazyBM25, check_mode, rank, run_prompt, served_mode, warn_changed_data
 from epr.retrieval.prompt_budget import Budget, build_prompt
 from epr.tasks import get_task
 from epr.types import Example, UpstreamError
@@ -45,6 +46,9 @@ class RetrievalResult:
     scores: list[float]  # best first: inner products (epr), BM25 scores (bm25), fused RRF scores (hybrid)
     prompt: str  # [e_j; ...; e_1; query]: the demonstrations that fit the budget, best right before the query
     prompt_demos: int = 0  # how many of ``demos`` (the best ones) the prompt holds
+    messages: list[dict] | None = (
+        None  # chat mode: the prompt as role / content pairs (what ``prompt`` renders)
+    )
 
 
 @dataclass(frozen=True)
@@ -101,26 +105,6 @@ def _check_query(query, k) -> tuple[str, int]:
     return query, int(k)
 
 
-def _warn_changed_data(run: Path, ex_man: dict) -> None:
-    """Warn when a data file the run's pool was read from has changed since (its digest is in the examples stage's
-    key): the run serves the pool it loaded then, and `epr run` would rebuild it. Files no longer where they were
-    (a moved run, relative paths from another folder) are not checked."""
-    from epr.cache import cached_digest
-
-    changed = [
-        f
-        for f, d in (ex_man["config"].get("files") or {}).items()
-        if d is not None and cached_digest(f) not in (None, d)
-    ]
-    if changed:
-        log.warning(
-            "%s: the data file(s) %s changed since this run read them; serving the pool as it was then "
-            "(rerun `epr run` with the run's config to rebuild the pool and the retriever on the new data)",
-            run,
-            ", ".join(changed),
-        )
-
-
 class PromptRetriever:
     """A trained EPR encoder over a run's demonstration pool, with a cached faiss index, serving the ranking its
     ``mode`` names (:mod:`epr.retrieval.modes`): ``epr`` (the dense index), ``hybrid`` or ``bm25``.
@@ -141,8 +125,11 @@ class PromptRetriever:
         mode: str = "epr",
         bm25_backend: str = "bm25s",
         selection_report: dict | None = None,
+        prompt: dict | None = None,
+        tokenizer=None,
     ):
         check_mode(mode, bm25_backend)
+        self.prompt_config, self._tok, self._format = config_from_spec(prompt), tokenizer, None
         self.encoder, self.pool, self.task = encoder, pool, task
         self._mode, self._bm25 = mode, LazyBM25(bm25_backend)
         self.selection_report = selection_report
@@ -194,7 +181,7 @@ class PromptRetriever:
                 "`epr run --until encoder` with the same -c/--set (see README)"
             )
         task = get_task(config_from_dict(DataConfig, ex_man["config"]["data"]))
-        _warn_changed_data(run, ex_man)
+        warn_changed_data(run, ex_man)
         pool = [Example.from_json(r) for r in read_jsonl(run / "examples" / "pool.jsonl")]
         mode, backend, report = served_mode(run, mode, enc_man["fingerprint"])
         enc = DualEncoder.from_pretrained(str(model))
@@ -208,7 +195,7 @@ class PromptRetriever:
         ragsys = rr["config"].get("ragsys") if rr is not None else None
         qf = run / "rerank" / "quality_bias.npy"
         extra = {"budget": budget, "ragsys": ragsys, "quality": np.load(qf) if qf.exists() and rr else None,
-                 "mode": mode, "bm25_backend": backend, "selection_report": report}  # fmt: skip
+                 "mode": mode, "bm25_backend": backend, "selection_report": report, "prompt": run_prompt(run)}  # fmt: skip
         key = {"encoder": enc_man["fingerprint"], "pool": ex_man["fingerprint"], "factory": factory}
         cached = run / ".cache" / "index" / f"{fingerprint(key)}.faiss"
         if cached.exists():
@@ -245,7 +232,7 @@ class PromptRetriever:
         r = cls(
             parts.encoder, parts.pool, parts.task, parts.index, budget=Budget(**parts.budget), count=parts.count,
             ragsys=parts.ragsys, quality=parts.quality, mode=parts.mode, bm25_backend=parts.bm25_backend,
-            selection_report=parts.selection,
+            selection_report=parts.selection, prompt=parts.prompt, tokenizer=parts.tokenizer,
         )  # fmt: skip
         # saved again (save_pretrained, push_to_hub), it keeps its model card and provenance
         r.shipped = {"card": parts.card, "source": parts.source}
@@ -265,13 +252,30 @@ class PromptRetriever:
 
         return shipping.push_to_hub(self, repo_id, private, token, commit_message)
 
-    def count(self, text: str) -> int:
-        if self._count is None:
+    @property
+    def tokenizer(self):
+        """The inference LM's tokenizer: it counts the prompt budget and, in chat mode, renders the prompt."""
+        if self._tok is None:
             from transformers import AutoTokenizer
 
             from epr.lm.models import quiet_length_warning, resolve_lm
 
-            tok = quiet_length_warning(AutoTokenizer.from_pretrained(resolve_lm(self.budget.tokenizer)))
+            self._tok = quiet_length_warning(AutoTokenizer.from_pretrained(resolve_lm(self.budget.tokenizer)))
+        return self._tok
+
+    @property
+    def format(self) -> PromptFormat:
+        """The run's prompt format (its ``prompt`` section): the prompt is rendered as the run's labels and
+        evaluation rendered it."""
+        if self._format is None:
+            self._format = PromptFormat(
+                self.task, self.prompt_config, self.tokenizer if self.prompt_config.chat else None
+            )
+        return self._format
+
+    def count(self, text: str) -> int:
+        if self._count is None:
+            tok = self.tokenizer
             self._count = lambda s: len(tok(s, add_special_tokens=False)["input_ids"])
         return self._count(text)
 
@@ -294,9 +298,10 @@ class PromptRetriever:
         ids, sc = self._rank(query, k)
         demos = [self.pool[i] for i in ids]
         b = self.budget
+        fmt, x = self.format, Example(-1, query, "", {})
         p = build_prompt(
-            self.task,
-            Example(-1, query, "", {}),
+            fmt,
+            x,
             [int(i) for i in ids],
             self.pool,
             self.count,
@@ -312,7 +317,8 @@ class PromptRetriever:
                 b.prompt_budget,
                 b.tokenizer,
             )
-        return RetrievalResult(demos, [float(x) for x in sc], p.text, len(p.demo_ids))
+        msgs = fmt.messages([self.pool[i] for i in reversed(p.demo_ids)], x) if fmt.chat else None
+        return RetrievalResult(demos, [float(s) for s in sc], p.text, len(p.demo_ids), msgs)
 
     def select(
         self,

@@ -54,6 +54,7 @@ class Context:
     cfg: ExperimentConfig
     dist: Dist = field(default_factory=Dist)
     top: str | None = None  # a round sub-run's: the name of the run it is a round of
+    _formats: dict = field(default_factory=dict, repr=False, compare=False)  # prompt(inference) -> its format
 
     @property
     def round(self) -> int:
@@ -122,7 +123,27 @@ class Context:
     def task(self):
         from epr.tasks import get_task
 
-        return get_task(self.cfg.data)
+        task = get_task(self.cfg.data)
+        task.columns = (
+            self.cfg.prompt.columns()
+        )  # your data's columns the prompt templates name: kept as meta
+        return task
+
+    def prompt(self, inference: bool = False):
+        """The run's prompt format (:class:`epr.prompt.PromptFormat`, its ``prompt`` section over the task):
+        for the scoring LM (labels, the LM oracle) or, with ``inference``, the inference LM (select, prompts,
+        generation, the quality bias). Chat mode renders through that LM's own chat template."""
+        from epr.prompt import PromptFormat
+
+        if inference in self._formats:
+            return self._formats[inference]
+        tok = None
+        if self.cfg.prompt.chat:
+            from epr.lm.models import load_tokenizer_for
+
+            tok = load_tokenizer_for(self.cfg.models, inference=inference)
+        fmt = self._formats[inference] = PromptFormat(self.task, self.cfg.prompt, tok)
+        return fmt
 
     def _needs(self, stage: str, path: Path) -> Path:
         if not path.exists() or not (self.stage_dir(stage) / "manifest.json").exists():

@@ -97,9 +97,32 @@ def model_card(meta: dict, run: dict) -> str:
         f"answer), at most {b['max_demos']} demonstrations, the best right before the query; k = {b['k']}.",
         f"- RAGSys re-ranking: k = {rs.get('k')}, lambda_d = {rs.get('lambda_d')}, lambda_b = {rs.get('lambda_b')}; "
         f"quality bias {'included' if meta['quality_bias'] else 'not computed by the run'}.",
+        prompt_line(meta.get("prompt")),
         "",
     ]
     return "\n".join(lines) + "\n"
+
+
+def prompt_line(p: dict | None) -> str:
+    """The card's line on the prompt format the labels were scored in and the retriever renders."""
+    if not p or all(
+        p.get(k) in (None, False) for k in ("instruction", "demo", "query", "target", "chat", "system")
+    ):
+        return (
+            "- Prompt format: the task's own (input<TAB>output per demonstration, the query then input<TAB>)."
+        )
+    shown = {k: p[k] for k in ("instruction", "demo", "query", "target", "system") if p.get(k) is not None}
+    how = (
+        f"chat (the LM's chat template, few-shot {'as multi-turn' if p.get('multiturn') else 'in one user turn'}; "
+        f"replies end at `{p.get('end_of_turn')}`)"
+        if p.get("chat")
+        else "raw text"
+    )
+    return (
+        f"- Prompt format: {how}; "
+        + (", ".join(f"{k} `{json.dumps(v)}`" for k, v in shown.items()) or "the task's templates")
+        + ". The labels were scored, and the retriever renders, in this format."
+    )
 
 
 def run_card(run: Path, meta: dict) -> str:

@@ -218,6 +218,7 @@ def _write(r: PromptRetriever, tmp: Path, card: str | None, run: str | Path | No
         "budget": {"prompt_budget": b.prompt_budget, "answer_reserve": b.answer_reserve, "max_demos": b.max_demos,
                    "k": b.k, "tokenizer_name": b.tokenizer},
         "ragsys": dict(r.ragsys),
+        "prompt": r.format.spec(),  # the run's prompt format: the folder renders what the labels scored
         "pool_size": len(r.pool),
         "quality_bias": r.quality is not None,
         "mode": r.mode,
@@ -319,6 +320,10 @@ class Shipped:
     mode: str = "epr"  # a folder written before modes serves the dense ranking, as it did
     bm25_backend: str = "bm25s"
     selection: dict | None = None
+    prompt: dict | None = (
+        None  # the prompt format (``PromptFormat.spec``); a folder written before it: the task's
+    )
+    tokenizer: Any = None
 
 
 def load(path: str | Path, revision: str | None = None, token: str | None = None) -> Shipped:
@@ -357,6 +362,11 @@ def load(path: str | Path, revision: str | None = None, token: str | None = None
         raise InputError(f"{path}: index.faiss holds {index.ntotal} vectors for {len(pool)} pool rows")
     b = meta["budget"]
     tok = quiet_length_warning(AutoTokenizer.from_pretrained(str(path / "tokenizer")))  # the API warns itself
+    prompt = meta.get("prompt")
+    want = (prompt or {}).get("chat_template_sha256")
+    if want and hashlib.sha256((tok.chat_template or "").encode()).hexdigest() != want:
+        raise InputError(f"{path / 'tokenizer'}: its chat template is not the one the retriever's prompts were "
+                         "rendered with (retriever.json's prompt.chat_template_sha256); export the retriever again")  # fmt: skip
     budget = {k: b[k] for k in ("prompt_budget", "answer_reserve", "max_demos", "k")} | {
         "tokenizer": str(path / "tokenizer")
     }
@@ -374,4 +384,6 @@ def load(path: str | Path, revision: str | None = None, token: str | None = None
         mode=mode,
         bm25_backend=backend,
         selection=meta.get("selection"),
+        prompt=prompt,
+        tokenizer=tok,
     )

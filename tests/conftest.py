@@ -123,3 +123,25 @@ def shipped(tmp_path_factory, minilm_dir, tiny_lm_dir):
     assert main(["export", "--set", f"run_root={runs}", "--set", "name=mine", str(out)]) == 0
     assert "Dev metrics per epoch" in (out / "README.md").read_text()
     return out, [e.input for e in ctx.examples("eval")]
+
+
+# a ChatML-like template over MiniLM's special tokens ([CLS] opens a turn, [SEP] ends it), with a default system
+# message as SmolLM2's template has one: the tiny LM prompted as a chat model
+TINY_CHAT_TEMPLATE = (
+    "{% for m in messages %}{% if loop.first and m['role'] != 'system' %}[CLS]system\nyou parse commands[SEP]\n"
+    "{% endif %}[CLS]{{ m['role'] }}\n{{ m['content'] }}[SEP]\n{% endfor %}"
+    "{% if add_generation_prompt %}[CLS]assistant\n{% endif %}"
+)
+
+
+@pytest.fixture(scope="session")
+def tiny_chat_lm_dir(tmp_path_factory, tiny_lm_dir) -> str:
+    """The tiny LM with a chat template in its tokenizer (a chat model's folder, as a hub chat model ships)."""
+    import shutil
+
+    out = tmp_path_factory.mktemp("tiny_chat_lm") / "lm"
+    shutil.copytree(tiny_lm_dir, out)
+    cfg = json.loads((out / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = TINY_CHAT_TEMPLATE
+    (out / "tokenizer_config.json").write_text(json.dumps(cfg))
+    return str(out)

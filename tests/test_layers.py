@@ -25,6 +25,7 @@ RANKS = {
     "epr.artifacts": 0,
     "epr.cache": 0,
     "epr.run_lock": 0,
+    "epr.prompt": 0,  # the one prompt renderer (a task's own format, the prompt section, chat templates)
     "epr.lm": 1,  # the library, bottom up
     "epr.encoder": 2,
     "epr.retrieval": 3,

@@ -1,14 +1,12 @@
 """The configuration sections: one frozen dataclass per stage (``epr.config`` loads them; import from there).
 
-Every field is declared once with :func:`opt`: its default, a one-line help text and, where the valid values are
-a finite set, its choices. That metadata is what the loader checks (``epr.config.config_from_dict``) and what
-``epr config`` prints; a section's docstring is its heading there.
+Every field is declared once with :func:`opt`: its default, a one-line help text and, where the valid values are a
+finite set, its choices: what the loader checks (``config_from_dict``) and ``epr config`` prints (docstring: heading).
 """
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +20,7 @@ from epr.config.names import (  # the names a config may choose from (retrievers
     parse_retriever_name,
     section_field,
 )
+from epr.config.prompt import PromptConfig
 from epr.config.server import ServerConfig
 from epr.config.truthfulqa import RagsysConfig, TruthfulQAConfig
 from epr.types import ConfigError
@@ -385,6 +384,7 @@ class ExperimentConfig:
     retrieve: RetrieveConfig = section_field(RetrieveConfig)
     select: SelectConfig = section_field(SelectConfig)
     generate: GenerateConfig = section_field(GenerateConfig)
+    prompt: PromptConfig = section_field(PromptConfig)
     ragsys: RagsysConfig = section_field(RagsysConfig)
     truthfulqa: TruthfulQAConfig = section_field(TruthfulQAConfig)
     server: ServerConfig = section_field(ServerConfig)
@@ -394,7 +394,7 @@ class ExperimentConfig:
         return Path(self.run_root) / self.name
 
     def section(self, name: str) -> dict[str, Any]:
-        return dataclasses.asdict(getattr(self, name))
+        return asdict(getattr(self, name))
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return asdict(self)

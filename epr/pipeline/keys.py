@@ -22,6 +22,14 @@ def section_keys(ctx: Context, name: str) -> dict:
     return {k: v for k, v in ctx.cfg.section(name).items() if k not in neutral or neutral[k] != v}
 
 
+def prompt_key(ctx: Context, keys: dict, inference: bool = False) -> dict:
+    """``keys`` with the run's prompt format (``ctx.prompt``) where it is not the task's own: the stages from
+    ``scores`` on render prompts, so a changed template re-keys them (``candidates`` renders none); the default
+    format adds nothing, so every run made before the ``prompt`` section keeps its keys."""
+    k = ctx.prompt(inference).key()
+    return keys if k is None else {**keys, "prompt": k}
+
+
 def _const(*deps: str):
     return lambda ctx: deps
 
@@ -46,6 +54,8 @@ def _examples_keys(ctx: Context) -> dict:
     ):
         # JSON numbers have been kept as written ("3.50", not 3.5) since this key: older examples may differ
         keys["json_numbers"] = "as-written"
+    if ctx.task.columns:  # the data's other columns the prompt templates name, kept in the rows
+        keys["columns"] = list(ctx.task.columns)
     return keys
 
 
@@ -95,7 +105,7 @@ def _retrieve_keys(ctx: Context) -> dict:
     if "sbert" in firsts:
         keys["sbert"] = cfg.models.encoder
     if "lm-oracle" in firsts:
-        keys["lm_oracle"] = {"L": rc.oracle_candidates or cfg.candidates.L, **label_key(cfg)}
+        keys["lm_oracle"] = prompt_key(ctx, {"L": rc.oracle_candidates or cfg.candidates.L, **label_key(cfg)})
     return keys
 
 
@@ -107,7 +117,7 @@ def _rerank_keys(ctx: Context) -> dict:
     if any("+" in n for n in names):
         keys["ragsys"] = {"lambda_d": cfg.ragsys.lambda_d, "lambda_b": cfg.ragsys.lambda_b}
     if any(parse_retriever_name(n)[2] for n in names):
-        keys["quality_lm"] = scoring_key(cfg, inference=True)
+        keys["quality_lm"] = prompt_key(ctx, scoring_key(cfg, inference=True), inference=True)
     return keys
 
 
@@ -115,27 +125,29 @@ def _prompts_keys(ctx: Context) -> dict:
     from epr.lm.factory import lm_name, model_identity
 
     rc = ctx.cfg.retrieve
-    return {
+    keys = {
         "prompt_budget": rc.prompt_budget,
         "answer_reserve": rc.answer_reserve,
         "max_demos": rc.max_demos,
         "tokenizer": model_identity(lm_name(ctx.cfg.models, inference=True)),
     }
+    return prompt_key(ctx, keys, inference=True)
 
 
 def _predict_keys(ctx: Context) -> dict:
     from epr.lm.factory import generate_settings, lm_key
 
     cfg = ctx.cfg
-    return {
+    keys = {
         "generate": generate_settings(cfg),
         "lm": lm_key(cfg, inference=True),
         "gold_logprob": scoring_key(cfg, inference=True),
     }
+    return prompt_key(ctx, keys, inference=True)
 
 
 def _scoring_keys(ctx: Context) -> dict:
-    return label_key(ctx.cfg)
+    return prompt_key(ctx, label_key(ctx.cfg))
 
 
 def _encoder_keys(ctx: Context) -> dict:

@@ -23,7 +23,16 @@ from epr.cache import read_manifest
 from epr.retrieval.retrievers import BM25Retriever, rrf_fuse
 from epr.types import Example, UpstreamError
 
-__all__ = ["MODES", "BM25_BACKENDS", "check_mode", "LazyBM25", "rank", "served_mode"]
+__all__ = [
+    "MODES",
+    "BM25_BACKENDS",
+    "check_mode",
+    "LazyBM25",
+    "rank",
+    "served_mode",
+    "warn_changed_data",
+    "run_prompt",
+]
 
 log = logging.getLogger(__name__)
 
@@ -115,3 +124,34 @@ def served_mode(run: Path, mode: str | None, enc_fp: str) -> tuple[str, str, dic
     check_mode(mode, backend)
     log.info("%s: serving the %r retriever (%s)", run, mode, why)
     return mode, backend, report
+
+
+def warn_changed_data(run: Path, ex_man: dict) -> None:
+    """Warn when a data file the run's pool was read from has changed since (its digest is in the examples stage's
+    key): the run serves the pool it loaded then, and `epr run` would rebuild it. Files no longer where they were
+    (a moved run, relative paths from another folder) are not checked."""
+    from epr.cache import cached_digest
+
+    changed = [
+        f
+        for f, d in (ex_man["config"].get("files") or {}).items()
+        if d is not None and cached_digest(f) not in (None, d)
+    ]
+    if changed:
+        log.warning(
+            "%s: the data file(s) %s changed since this run read them; serving the pool as it was then "
+            "(rerun `epr run` with the run's config to rebuild the pool and the retriever on the new data)",
+            run,
+            ", ".join(changed),
+        )
+
+
+def run_prompt(run: Path) -> dict | None:
+    """The prompt format a run rendered its prompts in: the ``prompt`` entry of its ``prompts`` (else ``select``)
+    stage's key (:meth:`epr.prompt.PromptFormat.spec`); ``None`` for the task's own format."""
+    for stage in ("prompts", "select"):
+        man = read_manifest(run / stage)
+        if man is not None:
+            keys = man["config"]
+            return keys.get("prompt") or keys.get("prompts", {}).get("prompt")
+    return None

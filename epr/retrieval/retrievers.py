@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from epr.config import RETRIEVERS
+from epr.prompt import as_format
 from epr.retrieval.bm25 import BM25Index
 from epr.retrieval.index import build_index, search
 from epr.types import Example, Hits, Retriever
@@ -158,7 +159,7 @@ class LMOracleRetriever:
     def __init__(
         self,
         pool: Sequence[Example],
-        task,
+        task,  # or the run's prompt format (epr.prompt.PromptFormat): what the scoring LM reads
         scorer,
         L: int = 50,
         backend: str = "bm25s",
@@ -179,16 +180,14 @@ class LMOracleRetriever:
         from tqdm.auto import tqdm
 
         cand = self.first.retrieve(queries, self.L, exclude).ids
-        t = self.task
+        t = as_format(self.task)
         out = np.empty((len(queries), min(k, cand.shape[1])), dtype=cand.dtype)
         out_sc = np.empty(out.shape, dtype=np.float64)
         bar = tqdm(total=len(queries), desc=f"lm-oracle (L={self.L})", unit="query")
         for s0 in range(0, len(queries), self.chunk):
             qs, cs = queries[s0 : s0 + self.chunk], cand[s0 : s0 + self.chunk]
-            ctx = [
-                t.format_demo(self.pool[c]) + t.format_query(q.input) for q, row in zip(qs, cs) for c in row
-            ]
-            tgt = [t.format_target(q.output) for q, row in zip(qs, cs) for _ in row]
+            ctx = [t.render([self.pool[c]], q) for q, row in zip(qs, cs) for c in row]
+            tgt = [t.target(q) for q, row in zip(qs, cs) for _ in row]
             sc = self._scores(ctx, tgt).reshape(cs.shape)
             order = np.lexsort((cs, -sc), axis=1)[:, :k]  # best score first, ties by id
             out[s0 : s0 + len(qs)] = np.take_along_axis(cs, order, axis=1)
@@ -246,10 +245,17 @@ def pool_embeddings(de, encoder: str | Path, texts: list[str], cache_root: Path 
 
 
 def make_retriever(
-    name: str, pool: Sequence[Example], task, cfg, encoder: str | None = None, loaded: dict | None = None
+    name: str,
+    pool: Sequence[Example],
+    task,
+    cfg,
+    encoder: str | None = None,
+    loaded: dict | None = None,
+    fmt=None,
 ) -> Retriever:
     """Build a retriever by name. ``encoder``: the trained dual encoder's folder (``epr``, ``dr-bm25``); the
-    pipeline says which. ``loaded`` caches loaded models (encoders, the scoring LM) between retrievers."""
+    pipeline says which. ``loaded`` caches loaded models (encoders, the scoring LM) between retrievers. ``fmt``: the
+    run's prompt format for the scoring LM, which LM-Oracle scores in (default: the task's own)."""
     from epr.lm.identity import default_device
     from epr.lm.models import load_encoder
 
@@ -266,7 +272,9 @@ def make_retriever(
         if "lm" not in loaded:
             loaded["lm"] = build_scorer(cfg)
         L = cfg.retrieve.oracle_candidates or cfg.candidates.L
-        return LMOracleRetriever(pool, task, loaded["lm"], L, cfg.candidates.backend, cache=score_cache(cfg))
+        return LMOracleRetriever(
+            pool, fmt or task, loaded["lm"], L, cfg.candidates.backend, cache=score_cache(cfg)
+        )
     if name == "sbert":
         st = loaded.setdefault("sbert", load_encoder(cfg.models.encoder, cfg.models.cache_dir))
 

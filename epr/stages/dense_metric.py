@@ -29,10 +29,8 @@ class DenseMetric:
             score_cache(ctx.cfg, inference=True),
         )
         self.ev = eval_examples(ctx)
-        task = ctx.task
-        self.empty = gold_logprob(
-            self.scorer, self.cache, task, [task.format_query(e.input) for e in self.ev], self.ev
-        )
+        self.fmt = fmt = ctx.prompt(inference=True)
+        self.empty = gold_logprob(self.scorer, self.cache, fmt, [fmt.render([], e) for e in self.ev], self.ev)
 
     def prompts(self, ctx: Context, retriever: str) -> list[str]:
         from epr.retrieval.retrievers import make_retriever
@@ -49,7 +47,7 @@ class DenseMetric:
 
         texts = self.prompts(ctx, retriever)
         got, _ = greedy_exact(
-            self.scorer, self.cache, ctx.task, texts, self.ev, ctx.cfg.generate.max_new_tokens
+            self.scorer, self.cache, self.fmt, texts, self.ev, ctx.cfg.generate.max_new_tokens
         )
         extra = list(ctx.task.extra_metrics)
         return {
@@ -66,9 +64,9 @@ class DenseMetric:
 
         texts = self.prompts(ctx, retriever)
         if self.greedy:  # the same log-probs (held ones served unchanged), the greedy store filled on the way
-            _, lp = greedy_exact(self.scorer, self.cache, ctx.task, texts, self.ev, 0)
+            _, lp = greedy_exact(self.scorer, self.cache, self.fmt, texts, self.ev, 0)
         else:
-            lp = gold_logprob(self.scorer, self.cache, ctx.task, texts, self.ev)
+            lp = gold_logprob(self.scorer, self.cache, self.fmt, texts, self.ev)
         m = logprob_metrics(lp, self.empty)
         return {
             "n": len(self.ev),

@@ -19,19 +19,22 @@ from epr.artifacts import read_jsonl, write_jsonl
 from epr.cache import ChunkStore
 from epr.context import Context
 from epr.lm.score_cache import cached_greedy, cached_scores
+from epr.prompt import as_format
 from epr.stages.retrieve import eval_examples
 
 log = logging.getLogger(__name__)
 
 
-def gold_logprob(scorer, cache, task, contexts: list[str], ev: list) -> np.ndarray:
+def gold_logprob(scorer, cache, fmt, contexts: list[str], ev: list) -> np.ndarray:
     """``log p(gold answer | context)`` under the inference LM for each example (RAGSys's way of judging a
-    retriever: one forward pass each, no generation), reusing and filling the score cache; NaN where too long."""
-    return cached_scores(scorer, cache, list(contexts), [task.format_target(e.output) for e in ev], "gold")
+    retriever: one forward pass each, no generation), reusing and filling the score cache; NaN where too long.
+    ``fmt``: the run's prompt format (its ``target``; a task stands for its own)."""
+    fmt = as_format(fmt)
+    return cached_scores(scorer, cache, list(contexts), [fmt.target(e) for e in ev], "gold")
 
 
 def greedy_exact(
-    scorer, cache, task, contexts: list[str], ev: list, max_new_tokens: int
+    scorer, cache, fmt, contexts: list[str], ev: list, max_new_tokens: int
 ) -> tuple[list, np.ndarray]:
     """Exact match read off the gold log-prob's forward pass, without generating: an example counts as correct when
     every token of its formatted gold answer is the LM's greedy choice after the prompt (so greedy decoding
@@ -40,12 +43,14 @@ def greedy_exact(
     that reaches an equal answer through other tokens (another tokenisation, extra spaces) counts there, not here;
     near-ties can flip between the two passes' float rounding. Returns the per-example rows ``{correct, metrics}``
     (the task's other exact-match metrics of the kept text) and ``log p(gold | prompt)``."""
-    golds = [task.format_target(e.output) for e in ev]
+    fmt = as_format(fmt)
+    task, stop = fmt.task, fmt.stop
+    golds = [fmt.target(e) for e in ev]
     lp, match = cached_greedy(scorer, cache, list(contexts), golds, "gold")
     lengths = [len(t) for t in scorer.tok(golds, add_special_tokens=False)["input_ids"]]
     rows = []
     for e, g, m, n in zip(ev, golds, match, lengths):
-        kept = (g.split(task.stop, 1)[0] if task.stop else g).strip()
+        kept = (g.split(stop, 1)[0] if stop else g).strip()
         hit = bool(m == 1.0) and n <= max_new_tokens
         rows.append(
             {
@@ -63,15 +68,15 @@ def _num(v: float) -> float | None:
 def run_predict(ctx: Context, out: Path, fp: str) -> dict:
     from epr.lm.factory import generate_settings, inference_lm, lm_key, score_cache
 
-    cfg, task = ctx.cfg, ctx.task
+    cfg, fmt = ctx.cfg, ctx.prompt(inference=True)
     ev = eval_examples(ctx)
-    gen, scorer = inference_lm(cfg, task.stop)
+    gen, scorer = inference_lm(cfg, fmt.stop)
     cache = score_cache(cfg, inference=True)
-    lp_empty = gold_logprob(scorer, cache, task, [task.format_query(e.input) for e in ev], ev)
+    lp_empty = gold_logprob(scorer, cache, fmt, [fmt.render([], e) for e in ev], ev)
     write_jsonl(out / "empty.jsonl", [{"idx": e.idx, "gold_logprob": _num(v)} for e, v in zip(ev, lp_empty)])
     same_pass = getattr(gen, "engine", None) == "lean"
     settings = generate_settings(cfg)
-    key = {"generate": settings, "stop": task.stop, **lm_key(cfg, inference=True)}
+    key = {"generate": settings, "stop": fmt.stop, **lm_key(cfg, inference=True)}
     if same_pass:
         key["gold_in_generation"] = True  # chunks hold [prediction, gold log-prob]
     by_idx = {e.idx: e for e in ev}
@@ -80,7 +85,7 @@ def run_predict(ctx: Context, out: Path, fp: str) -> dict:
         texts = [p["text"] for p in prompts]
         store = ChunkStore(out / "parts" / name, key)
         if same_pass:
-            items = [[t, task.format_target(by_idx[p["idx"]].output)] for t, p in zip(texts, prompts)]
+            items = [[t, fmt.target(by_idx[p["idx"]])] for t, p in zip(texts, prompts)]
 
             def both(part):
                 ys, lps = gen.generate_with_gold([t for t, _ in part], [g for _, g in part])
@@ -90,7 +95,7 @@ def run_predict(ctx: Context, out: Path, fp: str) -> dict:
             preds = [y for y, _ in got]
             lp = np.array([np.nan if v is None else v for _, v in got])
         else:
-            lp = gold_logprob(scorer, cache, task, texts, [by_idx[p["idx"]] for p in prompts])
+            lp = gold_logprob(scorer, cache, fmt, texts, [by_idx[p["idx"]] for p in prompts])
             preds = store.map(
                 texts, settings["chunk_size"], gen.generate, desc=f"generate [{name}]", unit="prompt"
             )

@@ -18,7 +18,7 @@ def prompt_maker(ctx: Context, tok=None):
     compare, ``epr inspect`` and the Python API turn a ranking into the prompt the LM sees."""
     from epr.lm.models import load_tokenizer_for
 
-    cfg, task, pool = ctx.cfg, ctx.task, ctx.examples("pool")
+    cfg, fmt, pool = ctx.cfg, ctx.prompt(inference=True), ctx.examples("pool")
     tok = tok or load_tokenizer_for(cfg.models, inference=True)
     rc = cfg.retrieve
 
@@ -27,7 +27,7 @@ def prompt_maker(ctx: Context, tok=None):
 
     def make(example, ranked) -> Prompt:
         return build_prompt(
-            task, example, list(ranked), pool, count, rc.prompt_budget, rc.answer_reserve, rc.max_demos
+            fmt, example, list(ranked), pool, count, rc.prompt_budget, rc.answer_reserve, rc.max_demos
         )
 
     return make

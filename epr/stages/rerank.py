@@ -28,8 +28,12 @@ def pool_quality(ctx: Context) -> np.ndarray:
     from epr.cache import fingerprint
     from epr.lm.factory import build_scorer, scoring_key
 
-    task, pool = ctx.task, ctx.examples("pool")
+    fmt, pool = ctx.prompt(inference=True), ctx.examples("pool")
     key = {"what": "quality-bias", **scoring_key(ctx.cfg, inference=True)}
+    if (
+        fmt.key() is not None
+    ):  # the demonstration as the run prompts it (the task's own format: keyed as before)
+        key["prompt"] = fmt.key()
     chunks = ChunkStore(Path(ctx.cfg.run_root) / ".cache" / "quality" / fingerprint(key), key)
     scorer: list = []
 
@@ -40,7 +44,7 @@ def pool_quality(ctx: Context) -> np.ndarray:
 
         return mean_logprob(scorer[0], [c for c, _ in items], [t for _, t in items]).tolist()
 
-    items = [[task.format_query(e.input), task.format_target(e.output)] for e in pool]
+    items = [[fmt.render([], e), fmt.target(e)] for e in pool]
     return np.asarray(chunks.map(items, 256, compute, desc="quality bias", unit="demo"), dtype=np.float32)
 
 

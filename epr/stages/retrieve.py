@@ -52,7 +52,7 @@ def run_retrieve(ctx: Context, out: Path, fp: str) -> dict:
     loaded: dict = {}
     produced = []
     for name in first_stages(cfg.retrieve.retrievers):
-        r = make_retriever(name, pool, ctx.task, cfg, ctx.encoder_dir(name), loaded)
+        r = make_retriever(name, pool, ctx.task, cfg, ctx.encoder_dir(name), loaded, ctx.prompt())
         hits = r.retrieve(ev, cfg.retrieve.k)
         write_jsonl(out / f"{name}.jsonl", hits.rows(ev))
         produced.append(f"{name}.jsonl")

@@ -22,6 +22,7 @@ from epr.cache import ChunkStore
 from epr.context import Context
 from epr.lm.factory import build_scorer, device_for_rank, gpu_memory, score_cache
 from epr.lm.score_cache import ScoreCache
+from epr.prompt import as_format
 from epr.reports.machine import describe, machine
 from epr.types import Example, Ranking
 
@@ -32,17 +33,21 @@ log = logging.getLogger(__name__)
 
 
 def scored_pairs(
-    task, pool: list[Example], rankings: list[Ranking]
+    fmt, pool: list[Example], rankings: list[Ranking]
 ) -> tuple[list[str], list[str], list[str], list[tuple[int, int]]]:
-    """What the LM scores for each candidate of each ranking: (demonstration, context = demonstration + query,
-    target = the query's gold answer, (qid, candidate position)), four parallel lists."""
+    """What the LM scores for each candidate of each ranking, rendered by the run's prompt format ``fmt`` (a
+    :class:`epr.prompt.PromptFormat`; a task stands for its own): (the context's start that the
+    demonstration fixes, context = the prompt of the demonstration and the query, target = the query's gold answer,
+    (qid, candidate position)), four parallel lists."""
+    fmt = as_format(fmt)
     demos, contexts, targets, where = [], [], [], []
     for r in rankings:
         x = pool[r.qid]
+        target = fmt.target(x)
         for j, cid in enumerate(r.ids):
-            demos.append(task.format_demo(pool[cid]))
-            contexts.append(demos[-1] + task.format_query(x.input))
-            targets.append(task.format_target(x.output))
+            demos.append(fmt.shared_prefix(pool[cid], x))
+            contexts.append(fmt.render([pool[cid]], x))
+            targets.append(target)
             where.append((r.qid, j))
     return demos, contexts, targets, where
 
@@ -55,7 +60,7 @@ def run_pair_keys(ctx: Context) -> set[str]:
     keys: set[str] = set()
     for r in ctx.rounds():
         _, contexts, targets, _ = scored_pairs(
-            r.task, r.examples("pool"), r.rankings("candidates", "candidates.jsonl")
+            r.prompt(), r.examples("pool"), r.rankings("candidates", "candidates.jsonl")
         )
         keys |= {pair_key(c, t) for c, t in zip(contexts, targets)}
     return keys
@@ -63,7 +68,7 @@ def run_pair_keys(ctx: Context) -> set[str]:
 
 def score_chunk(
     scorer: LMScorer,
-    task,
+    fmt,
     pool: list[Example],
     rankings: list[Ranking],
     cache: ScoreCache | None = None,
@@ -77,7 +82,7 @@ def score_chunk(
     ``store`` (the cache's writes), so a run can say where its scoring time went (on a GPU the LM part can be the
     small one)."""
     clock = time.perf_counter()
-    demos, contexts, targets, where = scored_pairs(task, pool, rankings)
+    demos, contexts, targets, where = scored_pairs(fmt, pool, rankings)
     flat: list[float | None] = [None] * len(contexts)
     cached = cache.get(contexts, targets) if cache is not None else flat
     todo = [i for i, v in enumerate(cached) if v is None]
@@ -203,7 +208,7 @@ def run_scores(ctx: Context, out: Path, fp: str) -> dict:
         timing: dict[str, float] = {}
         for c in todo:
             rows, _ = score_chunk(
-                scorer, ctx.task, pool, chunks[c], cache, name=f"{fp}-{c:06d}", timing=timing
+                scorer, ctx.prompt(), pool, chunks[c], cache, name=f"{fp}-{c:06d}", timing=timing
             )
             t_part = time.perf_counter()
             parts.put(c, rows, inputs[c])
@@ -262,7 +267,7 @@ def run_scores(ctx: Context, out: Path, fp: str) -> dict:
         # accepted stores first, then this device's (``missing``: too long for the LM)
         from epr.lm.score_cache import pair_key
 
-        _, contexts, targets, _ = scored_pairs(ctx.task, pool, rankings)
+        _, contexts, targets, _ = scored_pairs(ctx.prompt(), pool, rankings)
         keys = {pair_key(c, t) for c, t in zip(contexts, targets)}
         res["extra"]["label_sources"] = score_cache(ctx.cfg).sources(keys)
     return res

@@ -87,14 +87,14 @@ def slice_logprobs(ctx: Context, names: list[str]) -> tuple[list[int], dict[str,
     queries = [pool[int(i)] for i in ids]
     model, tok = load(lm_spec(cfg, inference=True))
     scorer, cache = scorer_for(cfg, model, tok), score_cache(cfg, inference=True)
-    make = prompt_maker(ctx, tok)
+    make, fmt = prompt_maker(ctx, tok), ctx.prompt(inference=True)
     loaded: dict = {}
     out = {}
     for name in names:
         r = make_retriever(name, pool, task, cfg, ctx.encoder_dir(name), loaded)
         hits = r.retrieve(queries, cfg.retrieve.k, exclude=ids)  # an example is never its own demonstration
         texts = [make(q, row).text for q, row in zip(queries, hits.ids)]
-        out[name] = np.asarray(gold_logprob(scorer, cache, task, texts, queries), dtype=np.float64)
+        out[name] = np.asarray(gold_logprob(scorer, cache, fmt, texts, queries), dtype=np.float64)
         log.info(
             "select: %s, mean gold log-prob %.3f on %d held-out pool examples",
             name,

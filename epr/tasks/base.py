@@ -123,6 +123,9 @@ class Task:
     # further per-example metrics reported beside exact match: name -> (prediction, gold) -> bool
     extra_metrics: dict = {}
     paper_metric = "em"  # the metric the paper's numbers (evaluation.PAPER) report: "em" or an extra metric
+    columns: tuple[
+        str, ...
+    ] = ()  # the data's other columns the prompt templates name (kept in each row's meta)
 
     def __init__(self, cfg: DataConfig):
         self.cfg = cfg

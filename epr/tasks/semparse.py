@@ -187,9 +187,10 @@ class Generic(Task):
             f"; name your columns with data.input_field / data.output_field (now {c.input_field!r} / "
             f"{c.output_field!r}), e.g. --set data.input_field=question"
         )
-        rows = self.rows_from_file(c.path, c.input_field, c.output_field, hint=hint)
+        cols = self.columns  # the columns the prompt templates name, kept in each row's meta
+        rows = self.rows_from_file(c.path, c.input_field, c.output_field, cols, hint=hint)
         if c.eval_path:
-            return rows, self.rows_from_file(c.eval_path, c.input_field, c.output_field, hint=hint)
+            return rows, self.rows_from_file(c.eval_path, c.input_field, c.output_field, cols, hint=hint)
         return split_pool_eval(rows, min(self.cfg.eval_size, len(rows) // 5), self.cfg.split_seed)
 
 
