@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from epr.artifacts import read_jsonl
-from epr.config import ExperimentConfig
-from epr.types import Example, Ranking, UpstreamError
+from epr.config import ExperimentConfig, PromptConfig
+from epr.types import ConfigError, Example, Ranking, UpstreamError
 
 __all__ = ["Context", "Dist"]
 
@@ -55,6 +55,13 @@ class Context:
     dist: Dist = field(default_factory=Dist)
     top: str | None = None  # a round sub-run's: the name of the run it is a round of
     _formats: dict = field(default_factory=dict, repr=False, compare=False)  # prompt(inference) -> its format
+
+    def __post_init__(self):
+        if self.cfg.data.task == "truthfulqa" and self.cfg.prompt != PromptConfig():
+            raise ConfigError(
+                "config prompt: TruthfulQA's evaluation writes its own prompt format (epr/tasks/qa_format.py, the "
+                "same for every compared retriever); remove the prompt section for data.task=truthfulqa"
+            )
 
     @property
     def round(self) -> int:

@@ -35,7 +35,7 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 # Blocks another test runs as written: (document, a line the block holds) -> (test file name, test function).
 RUN_ELSEWHERE = {
-    ("README.md", "from epr.integrations.langchain import EPRExampleSelector"): (
+    ("README.md", "from epr.integrations.langchain import few_shot_prompt"): (
         "test_langchain.py",
         "test_readme_snippet_runs",
     ),

@@ -95,14 +95,18 @@ def test_readme_snippet_runs(shipped, capsys):
 
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     section = readme.split("## Use it in your stack", 1)[1].split("\n## ", 1)[0]
-    code = [c for c in re.findall(r"```python\n(.*?)```", section, re.S) if "EPRExampleSelector" in c]
+    code = [c for c in re.findall(r"```python\n(.*?)```", section, re.S) if "few_shot_prompt" in c]
     assert len(code) == 1
     path, queries = shipped
     exec(code[0].replace('"my-retriever"', repr(str(path))), {})
     out = capsys.readouterr().out
-    assert (
-        out.endswith("wake me up at 7 tomorrow\t\n") and out.count("\n\n") == 4
-    )  # 4 examples, then the query
+    r = PromptRetriever.from_pretrained(path)
+    want = "".join(
+        f"{d.input}\t{d.output}\n" for d in r.retrieve("wake me up at 7 tomorrow", k=4).demos[::-1]
+    )
+    # not the top 4 by rank alone: RAGSys's lambda_d re-ranks; 4 demonstrations in the run's format, then the query
+    assert out.endswith("wake me up at 7 tomorrow\t\n") and out.count("\t") == 5 and out.count("\n") == 5
+    assert want.count("\n") == 4
 
 
 @pytest.mark.parametrize("mode", ["bm25", "hybrid"])

@@ -189,3 +189,9 @@ def test_a_changed_template_rekeys_from_scores_on_but_not_the_candidates(chat_to
         assert pipeline.stage_fingerprint(first, "scores") != pipeline.stage_fingerprint(
             first_other, "scores"
         )
+
+
+def test_truthfulqa_refuses_a_prompt_section():
+    with pytest.raises(ConfigError, match="TruthfulQA"):
+        Context(load_config([str(ROOT / "configs/truthfulqa.yaml")], ["prompt.chat=true"]))
+    Context(load_config([str(ROOT / "configs/truthfulqa.yaml")], []))  # negative control: no section, no error

@@ -77,7 +77,10 @@ def prompts_everywhere(ctx: Context, tmp_path) -> list[str]:
     run = ctx.cfg.run_dir
     api = PromptRetriever.from_run(run)
     out = tmp_path / f"exported-{ctx.cfg.prompt.chat}"
-    assert main(["export", "--set", f"run_root={ctx.cfg.run_root}", "--set", f"name={ctx.cfg.name}", str(out)]) == 0
+    assert (
+        main(["export", "--set", f"run_root={ctx.cfg.run_root}", "--set", f"name={ctx.cfg.name}", str(out)])
+        == 0
+    )
     shipped = PromptRetriever.from_pretrained(out)
     assert ("Prompt format: chat" if fmt.chat else "Prompt format: raw text") in (
         out / "README.md"

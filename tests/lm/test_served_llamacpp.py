@@ -135,6 +135,51 @@ def test_generation_through_the_server(server, lm32):
     assert sum(a == b for a, b in zip(got, want)) >= len(want) // 2, (got, want)  # greedy, up to kernel noise
 
 
+def test_chat_prompts_through_the_server(server, lm32):
+    """Chat mode through `epr serve`: the chat-rendered text goes through completions (chat completions return no
+    prompt log-probabilities), its scores agree with the in-process fp32 scorer within the tolerance above, the
+    server reads each prompt in exactly the tokens the budget counted (markup included), and generation stops at
+    the template's end of turn."""
+    from epr.config import DataConfig
+    from epr.config.prompt import PromptConfig
+    from epr.lm.generate import Generator
+    from epr.lm.scoring import LMScorer
+    from epr.lm.served import ServerGenerator, _echo
+    from epr.prompt import PromptFormat
+    from epr.tasks import get_task
+
+    model, tok = lm32
+    task = get_task(DataConfig(task="demo"))
+    pool, _ = task.load()
+    fmt = PromptFormat(task, PromptConfig(chat=True), tok)
+    assert fmt.stop == "<|im_end|>"
+    rng = np.random.default_rng(1)
+    picks = [rng.choice(len(pool), 3, replace=False) for _ in range(24)]
+    ctxs = [fmt.render([pool[a], pool[b]], pool[x]) for a, b, x in picks]
+    tgts = [fmt.target(pool[x]) for _, _, x in picks]
+    ours = LMScorer(model, tok).score(ctxs, tgts)
+    api = OpenAIServer(server.url, concurrency=2)
+    sc = ServerScorer(api, "smollm2", tok, 2048)
+    got = sc.score(ctxs, tgts)
+    n = np.array([len(t) for _, t in sc.encode(ctxs, tgts)])
+    d = np.abs(got - ours)
+    assert np.mean(d / n) < PER_TOKEN and d.max() < PER_SEQ_MAX, (np.mean(d / n), d.max())
+    for c, r in zip(ctxs, api.map("/completions", [sc.payload(c) for c in ctxs[:8]])):
+        toks = _echo(r, server.url)[1]
+        counted = len(tok(c, add_special_tokens=False)["input_ids"])
+        assert counted in (len(toks), len(toks) - 1), (
+            counted,
+            len(toks),
+        )  # the generated token echoed or not
+        assert "".join(toks[:counted]) == sc.spelled(
+            c
+        )  # the markup read as the special tokens counted (echoed as "")
+    want = Generator(model, tok, max_new_tokens=24, stop=fmt.stop).generate(ctxs[:6])
+    got_g = ServerGenerator(api, "smollm2", 24, fmt.stop).generate(ctxs[:6])
+    assert all("<|im" not in g for g in [*got_g, *want])
+    assert sum(a == b for a, b in zip(got_g, want)) >= len(want) // 2, (got_g, want)
+
+
 def documented_config() -> str:
     """The served-LM config docs/serving.md shows (configs/served.yaml, the same text)."""
     text = (ROOT / "docs" / "serving.md").read_text()
