@@ -194,4 +194,24 @@ def test_a_changed_template_rekeys_from_scores_on_but_not_the_candidates(chat_to
 def test_truthfulqa_refuses_a_prompt_section():
     with pytest.raises(ConfigError, match="TruthfulQA"):
         Context(load_config([str(ROOT / "configs/truthfulqa.yaml")], ["prompt.chat=true"]))
-    Context(load_config([str(ROOT / "configs/truthfulqa.yaml")], []))  # negative control: no section, no error
+    Context(
+        load_config([str(ROOT / "configs/truthfulqa.yaml")], [])
+    )  # negative control: no section, no error
+
+
+def test_own_data_keeps_the_columns_its_templates_name(tmp_path):
+    from .test_own_data import write_csv
+
+    rows = [(f"question {i}", f"ANSWER({i})", "fr" if i % 2 else "en") for i in range(20)]
+    path = write_csv(tmp_path / "rows.csv", rows, header=("question", "answer", "lang"))
+    sets = ["data.task=jsonl", f"data.path={path}", "data.input_field=question", "data.output_field=answer"]
+    ctx = Context(load_config([], [*sets, kv("query", "({lang}) {input} =>")]))
+    pool, _ = ctx.task.load()
+    assert all(e.meta["lang"] in ("en", "fr") for e in pool)
+    assert ctx.prompt().render([], pool[0]) == f"({pool[0].meta['lang']}) {pool[0].input} =>"
+    plain = Context(load_config([], sets))
+    assert (
+        "lang" not in plain.task.load()[0][0].meta
+    )  # negative control: a column no template names is not kept
+    keys = pipeline.STAGES["examples"].keys
+    assert keys(ctx)["columns"] == ["lang"] and "columns" not in keys(plain)
