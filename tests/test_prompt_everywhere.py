@@ -129,3 +129,19 @@ def test_one_prompt_from_the_labels_to_langchain(tmp_path, minilm_dir, tiny_chat
     # chat generation stops at the template's end of turn: no prediction holds the marker
     preds = [json.loads(x)["prediction"] for x in (chat.stage_dir("predict") / "epr.jsonl").open()]
     assert preds and not any("[SEP]" in p or "[CLS]" in p for p in preds)
+    # arm X of results/mtop-chat-prompt: the raw-label encoder serving the chat run's prompts (the script's compare)
+    from epr.stages.dense_metric import DenseMetric
+    from scripts.cross_format_rows import compare, serving_with
+
+    fmt, pool = chat.prompt(inference=True), chat.examples("pool")
+    ev = {e.idx: e for e in chat.examples("eval")}
+    raw_rows = [json.loads(x) for x in (raw.stage_dir("prompts") / "epr.jsonl").open()]
+    crossed = DenseMetric(chat).prompts(serving_with(chat, raw.cfg.run_dir), "epr")
+    assert crossed == [fmt.render([pool[i] for i in reversed(r["demo_ids"])], ev[r["idx"]]) for r in raw_rows]
+    x = compare(chat, raw.cfg.run_dir, ["epr"])
+    same = compare(chat, chat.cfg.run_dir, ["epr"])  # negative control: the run's own encoder on both sides
+    assert same["rows"]["own:epr"] == same["rows"]["cross:epr"] == x["rows"]["own:epr"]
+    assert (
+        same["tests"]["cross:epr vs own:epr"]["gain"] == 0.0
+        and x["encoders"]["own"] != x["encoders"]["cross"]
+    )
