@@ -104,10 +104,44 @@ def slice_logprobs(ctx: Context, names: list[str]) -> tuple[list[int], dict[str,
     return [int(i) for i in ids], out
 
 
+def fewest_servable(alpha: float) -> int:
+    """The fewest held-out examples on which a learned retriever can be served at all: the exact two-sided
+    Wilcoxon p of n examples is at least 2 / 2**n (every one of them a gain), so fewer can never reach ``alpha``."""
+    return next(n for n in range(1, 64) if 2.0 / 2**n < alpha)
+
+
+def check_slice(cfg, n_pool: int, n: int) -> None:
+    """Say when the held-out slice is smaller than ``select.size`` asked (a fifth of a wholly labelled pool at
+    most, or the unlabelled examples), and when it is too small for any learned retriever to be served."""
+    s = cfg.select
+    if n < s.size:
+        log.warning(
+            "select: %d of the %d held-out pool examples select.size asks for (a pool of %d%s)",
+            n,
+            s.size,
+            n_pool,
+            ": at most a fifth of a wholly labelled pool"
+            if cfg.candidates.num_queries is None or cfg.candidates.num_queries >= n_pool
+            else ", the rest labelled",
+        )
+    need = fewest_servable(s.alpha)
+    if 0 < n < need:
+        log.warning(
+            "select: on %d held-out examples no learned retriever can be served (a Wilcoxon p < %g needs at least "
+            "%d, every one a gain): BM25 will be served whatever the gains; give the run a larger pool or fewer "
+            "labelled queries (candidates.num_queries), or set select.size=0 to serve epr without selecting",
+            n,
+            s.alpha,
+            need,
+        )
+
+
 def run_select(ctx: Context, out: Path, fp: str) -> dict:
     s = ctx.cfg.select
     learned = list(dict.fromkeys(s.retrievers))
-    if len(held_out_ids(ctx.cfg, len(ctx.examples("pool")))) == 0:
+    n_pool = len(ctx.examples("pool"))
+    check_slice(ctx.cfg, n_pool, len(held_out_ids(ctx.cfg, n_pool)))
+    if len(held_out_ids(ctx.cfg, n_pool)) == 0:
         raise ConfigError(
             f"select: no pool example is left to hold out (the pool's every example is a labelled query); lower "
             f"candidates.num_queries or set select.size=0 to skip selection (serves epr) ({ctx.cfg.run_dir})"
