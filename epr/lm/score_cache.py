@@ -14,6 +14,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -32,6 +34,9 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+
+PAIR_KEY = re.compile(r"[0-9a-f]{24}")  # what pair_key writes
 
 
 def pair_key(context: str, target: str) -> str:
@@ -239,9 +244,26 @@ def read_export(path: str | Path) -> list[dict]:
             or not isinstance(s.get("scores"), dict)
         ):
             raise InputError(f"{path}: store #{i} has no key/scores mapping")
+        empty = [
+            f
+            for f, v in s["key"].items()
+            if v is None or v == "" or not isinstance(v, (str, int, float, list, dict))
+        ]
+        if not s["key"] or empty:  # a store key names the computation: every field a value
+            raise InputError(
+                f"{path}: store #{i}: its computation key has empty or untyped fields {empty or '(none)'}"
+            )
         bad = [k for k, v in s["scores"].items() if not isinstance(v, (int, float)) or isinstance(v, bool)]
         if bad:
             raise InputError(f"{path}: store #{i}: {len(bad)} scores are not numbers (first pair {bad[0]})")
+        odd = [k for k, v in s["scores"].items() if not math.isfinite(v)]
+        if odd:  # JSON's NaN / Infinity: a log-probability is a finite number
+            raise InputError(f"{path}: store #{i}: {len(odd)} scores are not finite (first pair {odd[0]})")
+        keys = [k for k in s["scores"] if not PAIR_KEY.fullmatch(k)]
+        if keys:
+            raise InputError(
+                f"{path}: store #{i}: {len(keys)} pair keys are not pair_key digests (first {keys[0]!r})"
+            )
     return stores
 
 

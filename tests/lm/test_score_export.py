@@ -128,6 +128,24 @@ def test_staged_exports_carry_each_score_once_and_add_up_to_the_whole(tmp_path, 
             ),
             "not numbers",
         ),
+        *[  # issue 76's crack: NaN and Infinity, an empty or untyped key field, a pair key no pair_key wrote
+            (
+                gzip.compress(
+                    (
+                        '{"format": "epr-score-cache/1", "stores": [{"key": %s, "scores": {%s: %s}}]}' % kv
+                    ).encode()
+                ),
+                m,
+            )
+            for kv, m in [
+                (('{"model": "m"}', '"%s"' % ("a" * 24), "NaN"), "not finite"),
+                (('{"model": "m"}', '"%s"' % ("a" * 24), "-Infinity"), "not finite"),
+                (('{"model": ""}', '"%s"' % ("a" * 24), "-1.5"), "empty or untyped fields"),
+                (('{"model": null}', '"%s"' % ("a" * 24), "-1.5"), "empty or untyped fields"),
+                (("{}", '"%s"' % ("a" * 24), "-1.5"), "empty or untyped fields"),
+                (('{"model": "m"}', '"not-a-digest"', "-1.5"), "not pair_key digests"),
+            ]
+        ],
     ],
 )
 def test_a_bad_file_is_named_and_nothing_is_written(tmp_path, content, match, capsys):
