@@ -252,6 +252,14 @@ def check_task_stage(ctx: Context, name: str) -> None:
             f"{name}: a TruthfulQA stage, and this config's task is {ctx.cfg.data.task!r} (its last stage is "
             f"{final_stage(ctx)}); TruthfulQA runs with -c configs/truthfulqa.yaml"
         )
+    if (
+        name == "select" and ctx.cfg.select.size <= 0
+    ):  # refused before its folder (a finished choice) is touched
+        raise ConfigError(
+            "select: select.size=0 turns selection off (the run serves epr; `epr run` leaves this stage out), so "
+            "there is nothing to run and nothing was changed; to choose the served retriever, set select.size to "
+            "the held-out pool examples it compares on (e.g. 300)"
+        )
 
 
 def run_stage(ctx: Context, name: str, force: bool = False) -> bool:

@@ -111,6 +111,12 @@ def test_staged_exports_carry_each_score_once_and_add_up_to_the_whole(tmp_path, 
     assert "--skip is for export" in capsys.readouterr().err
 
 
+def bad_export(key: str, pair: str, score: str) -> bytes:
+    """An export file holding one store with this key, pair and score, written as raw JSON text."""
+    text = f'{{"format": "epr-score-cache/1", "stores": [{{"key": {key}, "scores": {{"{pair}": {score}}}}}]}}'
+    return gzip.compress(text.encode())
+
+
 @pytest.mark.parametrize(
     "content, match",
     [
@@ -129,21 +135,14 @@ def test_staged_exports_carry_each_score_once_and_add_up_to_the_whole(tmp_path, 
             "not numbers",
         ),
         *[  # issue 76's crack: NaN and Infinity, an empty or untyped key field, a pair key no pair_key wrote
-            (
-                gzip.compress(
-                    (
-                        '{"format": "epr-score-cache/1", "stores": [{"key": %s, "scores": {%s: %s}}]}' % kv
-                    ).encode()
-                ),
-                m,
-            )
-            for kv, m in [
-                (('{"model": "m"}', '"%s"' % ("a" * 24), "NaN"), "not finite"),
-                (('{"model": "m"}', '"%s"' % ("a" * 24), "-Infinity"), "not finite"),
-                (('{"model": ""}', '"%s"' % ("a" * 24), "-1.5"), "empty or untyped fields"),
-                (('{"model": null}', '"%s"' % ("a" * 24), "-1.5"), "empty or untyped fields"),
-                (("{}", '"%s"' % ("a" * 24), "-1.5"), "empty or untyped fields"),
-                (('{"model": "m"}', '"not-a-digest"', "-1.5"), "not pair_key digests"),
+            (bad_export(key, pair, score), m)
+            for key, pair, score, m in [
+                ('{"model": "m"}', "a" * 24, "NaN", "not finite"),
+                ('{"model": "m"}', "a" * 24, "-Infinity", "not finite"),
+                ('{"model": ""}', "a" * 24, "-1.5", "empty or untyped fields"),
+                ('{"model": null}', "a" * 24, "-1.5", "empty or untyped fields"),
+                ("{}", "a" * 24, "-1.5", "empty or untyped fields"),
+                ('{"model": "m"}', "not-a-digest", "-1.5", "not pair_key digests"),
             ]
         ],
     ],

@@ -30,3 +30,25 @@ def test_a_small_pool_cut_is_said(caplog):
     ):  # negative control: a pool that holds them
         check_slice(cfg, 5000, len(held_out_ids(cfg, 5000)))
     assert caplog.text == ""
+
+
+def test_running_select_with_size_0_is_refused_and_touches_nothing(tmp_path):
+    """Issue 76's crack: `--set select.size=0 --until select` failed with the hint "set select.size=0" and removed
+    the finished select stage's manifest, so a later export served epr where select had chosen bm25."""
+    import pytest
+
+    from epr import pipeline
+    from epr.context import Context
+    from epr.types import ConfigError
+
+    sets = ["data.task=demo", f"run_root={tmp_path}", "name=r"]
+    sel = tmp_path / "r" / "select"
+    sel.mkdir(parents=True)
+    (sel / "manifest.json").write_text("{}")
+    for call in (lambda c: pipeline.run(c, until="select"), lambda c: pipeline.run_stage(c, "select")):
+        with pytest.raises(ConfigError, match="select.size=0 turns selection off"):
+            call(Context(load_config([], [*sets, "select.size=0"])))
+        assert (sel / "manifest.json").exists()
+    pipeline.check_task_stage(
+        Context(load_config([], sets)), "select"
+    )  # negative control: a size, no refusal
