@@ -259,7 +259,14 @@ def _main(argv: list[str]) -> int:
 
         llamacpp_server.main(argv[1:])
         return 0
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    if args.cmd == "experiment" and rest and not any(r.startswith("-") for r in rest):
+        args.folders += [
+            Path(r) for r in rest
+        ]  # folders after the options (argparse stops at the first option)
+    elif rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     logging.basicConfig(
         level=args.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -73,6 +73,10 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     from epr.experiments import check as checking
     from epr.experiments import declaration, declare, index
+
+    # a folder named by its name alone is the one under --results (where it is not a folder here)
+    args.folders = [f if f.exists() or f.is_absolute() or not (args.results / f).exists() else args.results / f
+                    for f in args.folders]  # fmt: skip
     from epr.types import InputError
 
     if args.action == "check":
