@@ -4,6 +4,7 @@ rule) is in ``epr.cache``."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import logging
 import os
@@ -19,6 +20,7 @@ import numpy as np
 from epr.types import InputError
 
 __all__ = [
+    "read_json",
     "atomic_write_text",
     "atomic_write_bytes",
     "file_mode",
@@ -257,6 +259,23 @@ def read_jsonl_lines(
                 ) from None
             where = f"{path}:{lineno}"
             yield where, check(row, where)
+
+
+def read_json(path: str | Path) -> Any:
+    """The JSON value a file holds (``.gz`` too); a malformed or truncated file raises ``InputError`` naming it
+    and where it breaks (``json.loads`` alone names no file)."""
+    path = Path(path)
+    text = (
+        gzip.decompress(path.read_bytes()).decode("utf-8")
+        if path.suffix == ".gz"
+        else path.read_text("utf-8")
+    )
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise InputError(
+            f"{path}: malformed JSON ({e.msg} at line {e.lineno}, column {e.colno}); fix or re-create the file"
+        ) from None
 
 
 def open_text(path: Path, newline: str | None = None):

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from epr.artifacts import read_json
 from epr.experiments.declaration import Experiment, load
 from epr.reports.curve import attach_em, curve_rows, seeded
 from epr.reports.curve_rows import rows_from_dir
@@ -54,7 +55,7 @@ def _ttests(rows: list[dict]) -> dict[str, dict]:
 
 
 def _curve(folder: Path) -> tuple[dict[str, dict], list[str]]:
-    committed = json.loads((folder / "curve.json").read_text())["rows"]
+    committed = read_json(folder / "curve.json")["rows"]
     split = committed[0]["split"] if committed else "dev"
     rows, em = rows_from_dir(folder / "rows", split)
     attach_em(rows, em)
@@ -98,7 +99,7 @@ def _run(folder: Path, exp: Experiment) -> tuple[dict[str, dict], list[str]]:
         json.loads(x)
         for x in gzip.decompress((folder / "rows" / f"per_query-{part}.jsonl.gz").read_bytes()).splitlines()
     ]
-    sel = json.loads((folder / "select-report.json").read_text())
+    sel = read_json(folder / "select-report.json")
     _, raw = served_report(rows, sel, part, folder.name, metric)
     got: dict[str, dict] = {n: {**v, "n": raw["n"]} for n, v in raw["retrievers"].items()}
     served = got.setdefault(raw["served"], {})
@@ -116,7 +117,7 @@ def _run(folder: Path, exp: Experiment) -> tuple[dict[str, dict], list[str]]:
     table = folder / f"{part}.json"
     if not table.exists():
         problems.append(f"{table.name}: missing (python scripts/run_report.py <run> --part {part} --out ...)")
-    elif p := _differs(json.loads(table.read_text()), json.loads(json.dumps(raw))):
+    elif p := _differs(read_json(table), json.loads(json.dumps(raw))):
         problems.append(f"{table.name}: {p}")
     return got, problems
 
@@ -135,7 +136,7 @@ def _side_row(r: dict) -> dict:
 
 def served_by(folder: Path, variant: str) -> str:
     """The retriever a slices folder's run served: what its ``select`` chose (``select-report-<variant>.json``)."""
-    return json.loads((folder / f"select-report-{variant}.json").read_text())["selected"]
+    return read_json(folder / f"select-report-{variant}.json")["selected"]
 
 
 def _slices(folder: Path, exp: Experiment) -> tuple[dict[str, dict], list[str]]:
@@ -176,7 +177,7 @@ def _slices(folder: Path, exp: Experiment) -> tuple[dict[str, dict], list[str]]:
             elif (f := rows / f"select-{variant}.jsonl.gz").exists():
                 loaded[spec] = load_select(f, retriever)
             else:
-                row = json.loads((rows / f"{variant}.json").read_text())
+                row = read_json(rows / f"{variant}.json")
                 if row.get("key", {}).get("retriever") != retriever:
                     raise ValueError(f"rows/{variant}.json is not a {retriever!r} row")
                 loaded[spec] = row

@@ -5,11 +5,11 @@ folder means, which no file does)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import yaml
 
+from epr.artifacts import read_json
 from epr.experiments.check import row_name
 from epr.experiments.declaration import DATASETS, FILE
 
@@ -53,7 +53,7 @@ def draft(folder: Path) -> dict:
         "kind": "other",
         "outcome": "",
     }
-    c = json.loads((folder / "curve.json").read_text()) if (folder / "curve.json").exists() else None
+    c = read_json(folder / "curve.json") if (folder / "curve.json").exists() else None
     if (
         c is not None and c["rows"] and "split" not in c["rows"][0]
     ):  # the first curve's format: no rows/ to check

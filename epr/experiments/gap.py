@@ -5,10 +5,10 @@ recorded label cost) and the table of what each counted point's labels cost (``c
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from functools import cache
 
+from epr.artifacts import read_json
 from epr.experiments.check import lookup, served_by
 from epr.experiments.declaration import Experiment
 
@@ -60,7 +60,7 @@ def _slices_gap_points(e: Experiment, rows: Mapping[str, dict]) -> list[dict]:
     @cache
     def cost(run: str) -> dict | None:  # label-cost-<run>.json, read once a run
         f = e.folder / f"label-cost-{run}.json"
-        return json.loads(f.read_text()) if f.exists() else None
+        return read_json(f) if f.exists() else None
 
     drawn = {}
     for name, r in rows.items():

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import yaml
 
+from epr.artifacts import read_json
 from epr.experiments.declaration import FILE
 from epr.experiments.declare import dump, expect
 from epr.reports.served import served_report
@@ -29,7 +30,7 @@ __all__ = ["record", "record_side", "paper_metric"]
 
 def paper_metric(run: Path) -> tuple[str, str]:
     """The run's task and the per-example key of its paper metric (``correct``: exact match)."""
-    task = json.loads((run / "examples" / "manifest.json").read_text())["config"]["data"]["task"]
+    task = read_json(run / "examples" / "manifest.json")["config"]["data"]["task"]
     m = TASKS[task].paper_metric
     return task, ("correct" if m == "em" else m)
 
@@ -60,7 +61,7 @@ def record(run: Path, folder: Path, part: str = "locked") -> Path:
         if (ev / name).exists():
             shutil.copy(ev / name, folder / name.replace(".md", f"-{part}.md"))
     rows = [json.loads(x) for x in text.decode().splitlines()]
-    sel = json.loads((sel_dir / "report.json").read_text())
+    sel = read_json(sel_dir / "report.json")
     md, raw = served_report(rows, sel, part, task, metric)
     (folder / f"{part}.md").write_text(md)
     (folder / f"{part}.json").write_text(json.dumps(raw, indent=2) + "\n")
@@ -112,7 +113,7 @@ def record_side(run: Path, folder: Path, name: str, part: str = "dev") -> Path:
     ):
         (folder / "rows" / f"{dest}.jsonl.gz").write_bytes(gzip.compress(src.read_bytes(), mtime=0))
     shutil.copy(sel_dir / "report.json", folder / f"select-report-{name}.json")
-    cost = json.loads((ev / "manifest.json").read_text()).get("label_cost")
+    cost = read_json(ev / "manifest.json").get("label_cost")
     if cost is not None:
         (folder / f"label-cost-{name}.json").write_text(json.dumps(cost, indent=2) + "\n")
     decl = folder / FILE

@@ -9,6 +9,7 @@ import json
 import re
 from pathlib import Path
 
+from epr.artifacts import read_json
 from epr.reports.curve import BASE_SEED, add_pooled, pooled
 
 __all__ = ["REFERENCE_ORDER", "load_em", "rows_from_dir"]
@@ -35,7 +36,7 @@ def rows_from_dir(rows_dir: Path, split: str) -> tuple[list[dict], dict[str, dic
 
     refs, learned = [], []
     for f in sorted(rows_dir.glob("*.json")):
-        r = json.loads(f.read_text())
+        r = read_json(f)
         r.pop("key", None)
         base = {"name": f.stem, "seeds": 1, "split": split, **r, "best_epoch": r.get("best_epoch")}
         if (m := _LEARNED.match(f.stem)) is not None:

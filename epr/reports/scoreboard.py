@@ -11,9 +11,10 @@ after the recipe was fixed) decide; dev rows are where the choices were made.
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
+
+from epr.artifacts import read_json
 
 __all__ = ["ALPHA", "REFS", "entries", "load_curves", "markdown", "verdict"]
 
@@ -24,7 +25,7 @@ _SET = re.compile(r"--set\s+([\w.]+)=(\S+)")
 
 def load_curves(results: Path) -> dict[str, dict]:
     """``{folder name: curve.json}`` for every ``results/*/curve.json``, in name order."""
-    return {f.parent.name: json.loads(f.read_text()) for f in sorted(results.glob("*/curve.json"))}
+    return {f.parent.name: read_json(f) for f in sorted(results.glob("*/curve.json"))}
 
 
 def _recipe(command: str) -> str:

@@ -591,3 +591,15 @@ def test_a_paired_headline_names_the_folders_metric():
         name, h = index.headline(e, got)
         assert (name, h["metric_name"], h["metric"], h["refs"]) == ("s:epr", want, 40.0, [30.0, 32.0])
         assert (h["p"], h["p_row"], h["gain"]) == (0.04, "s:epr-vs-s:sbert:em", 0.4)
+
+
+def test_a_truncated_row_file_is_named(tmp_path, capsys):
+    """Issue 76's crack: a truncated row file's 'malformed JSON' named no file."""
+    from epr.cli import main
+
+    f = _copy(tmp_path, "mtop-curve-round2-locked")
+    row = f / "rows" / "epr@2000-distill-s1.json"
+    row.write_text(row.read_text()[:500])
+    assert main(["experiment", "check", str(f)]) != 0
+    out = capsys.readouterr()
+    assert "rows/epr@2000-distill-s1.json: malformed JSON" in out.out + out.err
