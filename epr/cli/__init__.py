@@ -43,6 +43,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--set", action="append", default=[], metavar="KEY=VALUE", help="override, e.g. candidates.L=20"
     )
     common.add_argument("--log-level", default="INFO")
+    common.add_argument(
+        "--verbose",
+        action="store_true",
+        help="also other libraries' INFO lines (accelerate's checkpoints, ...)",
+    )
     sub = p.add_subparsers(dest="cmd", required=True)
     sub.add_parser("status", parents=[common], help="show each stage as fresh, stale or missing")
     r = sub.add_parser("run", parents=[common], help="run every stale stage up to --until")
@@ -216,6 +221,12 @@ def run_demo(ctx) -> int:
     return 0
 
 
+def own_lines(record: logging.LogRecord) -> bool:
+    """The log filter of a command without ``--verbose``: epr's own lines at the chosen level, other libraries'
+    (accelerate's checkpoint notes, transformers', ...) from WARNING up."""
+    return record.levelno >= logging.WARNING or record.name.split(".")[0] in ("epr", "ragsys", "__main__")
+
+
 def main(argv: list[str] | None = None) -> int:
     """The ``epr`` command. Expected failures (:func:`explain`) print one paragraph and return 2."""
     argv, debug = debug_flag(sys.argv[1:] if argv is None else list(argv))
@@ -272,6 +283,9 @@ def _main(argv: list[str]) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         datefmt="%H:%M:%S",
     )
+    if not getattr(args, "verbose", False):
+        for h in logging.getLogger().handlers:
+            h.addFilter(own_lines)
     if args.cmd == "config":
         return print_config(args)
     if args.cmd == "experiment":
