@@ -47,7 +47,11 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--check", action="store_true", help="index: compare instead of writing; exit 1 on a difference"
     )
-    p.add_argument("--overwrite", action="store_true", help="declare: replace an existing experiment.yaml")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="declare: replace an existing experiment.yaml; record: record anew",
+    )
     p.add_argument("--dry-run", action="store_true", help="run: print the commands, run nothing")
     p.add_argument(
         "--part",
@@ -125,10 +129,10 @@ def run(args: argparse.Namespace) -> int:
             raise SystemExit("epr experiment record: give the run folder and the results folder")
         run_dir, folder = args.folders
         if args.side:
-            decl = record_side(run_dir, folder, args.side, args.part or "dev")
+            decl = record_side(run_dir, folder, args.side, args.part or "dev", args.overwrite)
             say(f"wrote {decl}: its extra names the pairs and the gap; write its title, status and outcome")
         else:
-            decl = record(run_dir, folder, args.part or "locked")
+            decl = record(run_dir, folder, args.part or "locked", args.overwrite)
             say(f"wrote {decl}: write its title, status and outcome")
         return 0
     if args.action == "declare":

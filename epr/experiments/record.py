@@ -12,6 +12,7 @@ are then every side, pair and gap share its ``extra`` names, recomputed from the
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import shutil
@@ -24,6 +25,7 @@ from epr.experiments.declaration import FILE
 from epr.experiments.declare import dump, expect
 from epr.reports.served import served_report
 from epr.tasks import TASKS
+from epr.types import InputError
 
 __all__ = ["record", "record_side", "paper_metric"]
 
@@ -46,9 +48,47 @@ def _finished(run: Path, part: str) -> tuple[Path, Path]:
     return ev, sel_dir
 
 
-def record(run: Path, folder: Path, part: str = "locked") -> Path:
+@contextlib.contextmanager
+def staged(folder: Path):
+    """A copy of ``folder`` to write into, which replaces it only when the block ends without an error: a record
+    that fails writes nothing (the copy is removed)."""
+    tmp = folder.with_name(f".{folder.name}.recording")
+    shutil.rmtree(tmp, ignore_errors=True)
+    if folder.exists():
+        shutil.copytree(folder, tmp)
+    else:
+        tmp.mkdir(parents=True)
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    old = folder.with_name(f".{folder.name}.replaced")
+    shutil.rmtree(old, ignore_errors=True)
+    if folder.exists():
+        folder.rename(old)
+    tmp.rename(folder)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def record(run: Path, folder: Path, part: str = "locked", overwrite: bool = False) -> Path:
+    """The run's ``part`` as the ``kind: run`` folder ``folder`` (see the module doc). A folder already recorded (its
+    declaration holds numbers and is not ``planned``) is refused unless ``overwrite``; nothing is written when any
+    step fails."""
     run, folder = Path(run), Path(folder)
     ev, sel_dir = _finished(run, part)
+    decl = folder / FILE
+    was = (yaml.safe_load(decl.read_text()) or {}) if decl.exists() else {}
+    if was.get("expected") and was.get("status") != "planned" and not overwrite:
+        raise InputError(
+            f"{folder}: already recorded (its {FILE} declares numbers); pass --overwrite to record {run} over it"
+        )
+    with staged(folder) as tmp:
+        _record(run, folder.name, tmp, ev, sel_dir, part)
+    return decl
+
+
+def _record(run: Path, name: str, folder: Path, ev: Path, sel_dir: Path, part: str) -> None:
     task, metric = paper_metric(run)
     (folder / "rows").mkdir(parents=True, exist_ok=True)
     text = (ev / "per_query.jsonl").read_bytes()
@@ -68,7 +108,7 @@ def record(run: Path, folder: Path, part: str = "locked") -> Path:
 
     decl = folder / FILE
     d = yaml.safe_load(decl.read_text()) if decl.exists() else {}
-    d.setdefault("title", f"TODO: what {folder.name} is")
+    d.setdefault("title", f"TODO: what {name} is")
     d.setdefault("dataset", task)
     d["split"] = d.get("split") if d.get("split") not in (None, "none") else part
     d.setdefault("status", "supporting")
@@ -93,18 +133,28 @@ def record(run: Path, folder: Path, part: str = "locked") -> Path:
         tests.append({"row": served, "field": "logprob_vs_bm25_p", "says": "gold log-prob vs bm25"})
     d["expected"], d["tests"] = expected, tests
     decl.write_text(dump(d))
-    return decl
 
 
-def record_side(run: Path, folder: Path, name: str, part: str = "dev") -> Path:
-    """The run as side ``name`` of a ``kind: slices`` folder (see the module doc)."""
+def record_side(run: Path, folder: Path, name: str, part: str = "dev", overwrite: bool = False) -> Path:
+    """The run as side ``name`` of a ``kind: slices`` folder (see the module doc). A side the folder already holds
+    is refused unless ``overwrite``; nothing is written when any step fails."""
+    run, folder = Path(run), Path(folder)
+    ev, sel_dir = _finished(run, part)
+    if (folder / "rows" / f"per_query-{name}.jsonl.gz").exists() and not overwrite:
+        raise InputError(
+            f"{folder}: already holds side {name!r}; pass --overwrite to record {run} as it again"
+        )
+    with staged(folder) as tmp:
+        _record_side(run, folder.name, tmp, name, ev, sel_dir, part)
+    return folder / FILE
+
+
+def _record_side(run: Path, title: str, folder: Path, name: str, ev: Path, sel_dir: Path, part: str) -> None:
     import dataclasses
 
     from epr.experiments.check import lookup, recompute
     from epr.experiments.declaration import load
 
-    run, folder = Path(run), Path(folder)
-    ev, sel_dir = _finished(run, part)
     task, metric = paper_metric(run)
     (folder / "rows").mkdir(parents=True, exist_ok=True)
     for src, dest in (
@@ -118,7 +168,7 @@ def record_side(run: Path, folder: Path, name: str, part: str = "dev") -> Path:
         (folder / f"label-cost-{name}.json").write_text(json.dumps(cost, indent=2) + "\n")
     decl = folder / FILE
     d = yaml.safe_load(decl.read_text()) if decl.exists() else {}
-    d.setdefault("title", f"TODO: what {folder.name} is")
+    d.setdefault("title", f"TODO: what {title} is")
     d.setdefault("dataset", task)
     d.setdefault("split", part)
     d.setdefault("status", "supporting")
@@ -136,11 +186,10 @@ def record_side(run: Path, folder: Path, name: str, part: str = "dev") -> Path:
         if not tests or any(
             not isinstance(lookup(got.get(t["row"]), t["field"]), (int, float)) for t in tests
         ):
-            return decl  # not every test computes yet: it stays planned, its rows kept, no numbers declared
+            return  # not every test computes yet: it stays planned, its rows kept, no numbers declared
         d["status"] = "supporting"  # every seed in: its PLAN says what makes it decisive
     d["expected"] = slices_expected(got)
     decl.write_text(dump(d))
-    return decl
 
 
 def slices_expected(got: dict) -> list[dict]:

@@ -186,7 +186,13 @@ def test_record_remakes_a_committed_run_folder_value_for_value(tmp_path):
     dest.mkdir(parents=True)
     shutil.copy(src / "experiment.yaml", dest / "experiment.yaml")
     shutil.copy(src / "PREREGISTRATION.md", dest / "PREREGISTRATION.md")
-    record(run, dest, "locked")
+    with pytest.raises(InputError, match="already recorded"):  # the copied declaration holds its numbers
+        record(run, dest, "locked")
+    assert sorted(p.name for p in dest.iterdir()) == [
+        "PREREGISTRATION.md",
+        "experiment.yaml",
+    ]  # nothing written
+    record(run, dest, "locked", overwrite=True)
     assert json.loads((dest / "locked.json").read_text()) == json.loads((src / "locked.json").read_text())
     assert checking.check(dest) == []
     was, now = load(src), load(dest)
@@ -354,7 +360,10 @@ def test_record_as_a_side_builds_a_slices_folder_that_checks(tmp_path):
     (b / "evaluate" / "per_query.jsonl").write_text(
         "".join(json.dumps(up(r)) + "\n" for r in rows[:-1]) + json.dumps(rows[-1]) + "\n"
     )
-    assert main(["experiment", "record", str(b), str(dest), "--as", "b"]) == 0  # b's rows now differ
+    assert main(["experiment", "record", str(b), str(dest), "--as", "b"]) == 2  # a side it holds: refused
+    assert (
+        main(["experiment", "record", str(b), str(dest), "--as", "b", "--overwrite"]) == 0
+    )  # b's rows now differ
     assert checking.check(dest) == []  # recorded anew: its numbers are the new rows'
     d = yaml.safe_load((dest / "experiment.yaml").read_text())
     gain = next(e for e in d["expected"] if e["row"] == "b:epr-vs-a:epr" and e["field"] == "gain")
@@ -603,3 +612,20 @@ def test_a_truncated_row_file_is_named(tmp_path, capsys):
     assert main(["experiment", "check", str(f)]) != 0
     out = capsys.readouterr()
     assert "rows/epr@2000-distill-s1.json: malformed JSON" in out.out + out.err
+
+
+def test_a_failing_record_writes_nothing(tmp_path):
+    """Issue 75: a record that fails part way (here: a malformed evaluation row) leaves the folder as it was."""
+    from epr.experiments.record import record, record_side
+
+    run = _run_from_committed(tmp_path / "runs" / "mtop", "locked/evaluate")
+    rows = run / "locked" / "evaluate" / "per_query.jsonl"
+    rows.write_text(rows.read_text()[:-40] + "\n")  # the last row cut mid-object
+    dest = tmp_path / "results" / "new"
+    dest.mkdir(parents=True)
+    (dest / "PLAN.md").write_text("the plan")
+    for call in (lambda: record(run, dest, "locked"), lambda: record_side(run, dest, "a", "locked")):
+        with pytest.raises(ValueError):
+            call()
+        assert [p.name for p in dest.iterdir()] == ["PLAN.md"]
+        assert [p.name for p in dest.parent.iterdir()] == ["new"]  # no staging copy left beside it
