@@ -131,17 +131,18 @@ def test_break_task_reports_lf_em_and_the_table_shows_it(tmp_path):
     write_comparison(tmp_path, comparison_table(task, {"bm25": row}, 1, cfg))
     md = (tmp_path / "results.md").read_text()
     assert (
-        "| retriever | EM (ours) | 95% CI | LF-EM (ours) | 95% CI | gold log-prob (nats) | DPO vs empty context | paper LF-EM |"
+        "| retriever | EM (ours) | 95% CI | LF-EM (ours) | 95% CI | gold log-prob (nats) | paper LF-EM |"
         in md
-    )
-    assert "| bm25 | 0.0 | 0.0-0.0 | 100.0 | 100.0-100.0 |  |  | 26.0 |" in md
+    )  # no row has a DPO: no column for it
+    assert "| bm25 | 0.0 | 0.0-0.0 | 100.0 | 100.0-100.0 |  | 26.0 |" in md
     header = (tmp_path / "results.csv").read_text().splitlines()[0]
     assert header.startswith("retriever,em,ci_low,ci_high,lf_em,lf_em_ci_low,lf_em_ci_high,paper")
 
 
-def test_a_saturated_dpo_is_shown_in_significant_digits(tmp_path):
+def test_a_saturated_dpo_is_left_out_with_the_reason(tmp_path):
     """DPO against the empty context saturates near 0 when demonstrations help a lot (the demo set's rows are all
-    about -1e-9): the table shows its significant digits, not -0.00 for every row; gold log-prob keeps 2 decimals."""
+    about -1e-9, unreadable as -2.13e-09 (-4e-09 to -1.1e-10)): the column is left out and the notes say why; where a
+    row's DPO is readable the column is there in 3 decimals (issue 78); gold log-prob keeps 2 decimals."""
     from types import SimpleNamespace
 
     from epr.reports.tables import comparison_table, write_comparison
@@ -162,7 +163,14 @@ def test_a_saturated_dpo_is_shown_in_significant_digits(tmp_path):
     )
     write_comparison(tmp_path, comparison_table(task, {"epr": row}, 1, cfg))
     md = (tmp_path / "results.md").read_text()
-    assert "| -0.82 (-1.04 to -0.63) | -2.13e-09 (-4e-09 to -1.1e-10) |" in md
+    assert "| -0.82 (-1.04 to -0.63) | 50.0-" not in md and "| -0.82 (-1.04 to -0.63) |" in md
+    assert "DPO vs empty context" not in md and "DPO (mean log sigmoid" in md and "is left out" in md
+    readable = {**row, "dpo": {"value": -0.0213, "ci_low": -0.04, "ci_high": -0.011}}  # the negative control
+    write_comparison(tmp_path, comparison_table(task, {"epr": row, "bm25": readable}, 1, cfg))
+    md2 = (tmp_path / "results.md").read_text()
+    assert (
+        "DPO vs empty context" in md2 and "| -0.021 (-0.040 to -0.011) |" in md2 and "is left out" not in md2
+    )
     # no row has a paper number (a task of one's own, or a retriever the paper did not run): no paper column, and
     # no note naming the paper's LM
     header = next(line for line in md.splitlines() if line.startswith("| retriever |"))
