@@ -140,8 +140,9 @@ def run_select(ctx: Context, out: Path, fp: str) -> dict:
     s = ctx.cfg.select
     learned = list(dict.fromkeys(s.retrievers))
     n_pool = len(ctx.examples("pool"))
-    check_slice(ctx.cfg, n_pool, len(held_out_ids(ctx.cfg, n_pool)))
-    if len(held_out_ids(ctx.cfg, n_pool)) == 0:
+    n_held = len(held_out_ids(ctx.cfg, n_pool))
+    check_slice(ctx.cfg, n_pool, n_held)
+    if n_held == 0:
         raise ConfigError(
             f"select: no pool example is left to hold out (the pool's every example is a labelled query); lower "
             f"candidates.num_queries or set select.size=0 to skip selection (serves epr) ({ctx.cfg.run_dir})"
