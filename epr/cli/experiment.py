@@ -19,6 +19,8 @@ HELP = """Experiments as data: every results folder declares what it is (experim
     epr experiment show results/mtop-8000-locked   # its rows, recomputed (a planned look: the runs recorded so far)
     epr experiment index                      # write results/README.md (decisive rows, the ledger of locked looks)
     epr experiment index --check              # fail if results/README.md is not what the folders say
+    epr experiment ledger                     # the locked looks as git has them (and where a folder disagrees)
+    epr experiment digest results/FOLDER      # pin every data file's sha256 in its experiment.yaml (record does)
     epr experiment declare results/NEW        # a draft experiment.yaml for a new folder
     epr experiment record runs/mtop results/NEW --part locked   # an epr run's evaluation as a folder
     epr experiment record runs/mtop-4000 results/NEW --as r4000  # a run as one side of a slices folder
@@ -32,6 +34,35 @@ def say(line: str) -> None:
     sys.stdout.flush()
 
 
+def _history(results: Path, ledger: bool) -> int:
+    """Print git's ledger (``ledger``) and every place a declaration disagrees with git; the number of such places
+    (0 where there is no history to read: said, not failed)."""
+    from epr.experiments import history
+
+    try:
+        h = history.read(results)
+    except history.NoHistory as e:
+        say(f"history: not checked ({e})")
+        return 0
+    exps = history.load_all(results)
+    if ledger:
+        for ds, lks in history.ledger(h, exps).items():
+            say(f"{ds}: {len(lks)} looks, {sum(len(lk.reveals) for lk in lks)} commits revealing locked rows")
+            for k, lk in enumerate(lks, 1):
+                more = ", ".join(f"{h.short(i)} {h.date(i)}" for i in lk.reveals[1:])
+                pre = "no pre-registration" if lk.prereg is None else f"pre-registered {h.date(lk.prereg)}"
+                say(f"  {k:2d} {h.date(lk.look)} {h.short(lk.look)} {lk.exp.name} ({pre})")
+                if more:
+                    say(f"       more rows: {more}")
+                for i in lk.amendments:
+                    say(f"       changed after the look: {h.short(i)} {h.date(i)}")
+    bad = history.problems(h, exps)
+    for p in bad:
+        say(f"FAIL history: {p}")
+    say(f"history: {'ok' if not bad else f'{len(bad)} disagreements'} ({len(h.commits)} commits read)")
+    return len(bad)
+
+
 def add_parser(sub) -> None:
     p = sub.add_parser(
         "experiment",
@@ -39,7 +70,9 @@ def add_parser(sub) -> None:
         description=HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("action", choices=("check", "show", "index", "declare", "run", "record"))
+    p.add_argument(
+        "action", choices=("check", "show", "index", "ledger", "digest", "declare", "run", "record")
+    )
     p.add_argument("folders", nargs="*", type=Path, help="results folders (check: default every folder)")
     p.add_argument(
         "--results", type=Path, default=ROOT / "results", help="the results root (default: %(default)s)"
@@ -98,7 +131,21 @@ def run(args: argparse.Namespace) -> int:
             for p in problems:
                 say(f"     {p}")
         say(f"{len(targets) - bad} of {len(targets)} folders recompute to what they declare")
+        if not args.folders:  # the whole tree: its declarations against git's history too
+            bad += _history(args.results, ledger=False)
         return 1 if bad else 0
+    if args.action == "digest":
+        from epr.experiments import digests
+
+        if not args.folders:
+            raise SystemExit(
+                "epr experiment digest: give the results folders to pin (their files as they are now)"
+            )
+        for f in args.folders:
+            say(f"pinned {len(digests.pinned(f))} files in {digests.write(f)}")
+        return 0
+    if args.action == "ledger":
+        return 1 if _history(args.results, ledger=True) else 0
     if args.action == "show":
         if not args.folders:
             raise SystemExit("epr experiment show: give one or more results folders")

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from epr.artifacts import read_json
+from epr.experiments import digests
 from epr.experiments.declaration import Experiment, load
 from epr.reports.curve import attach_em, curve_rows, seeded
 from epr.reports.curve_rows import rows_from_dir
@@ -265,10 +266,14 @@ def check(folder: Path, rows_from: Path | None = None) -> list[str]:
     """Everything wrong with one results folder (empty: it recomputes to what it says). ``rows_from``: a rerun's
     folder, whose rows are checked against this folder's declared numbers (within their tolerances)."""
     exp = load(folder)
+    pins = [f"{folder.name}: {p}" for p in digests.problems(folder, exp.files)] if rows_from is None else []
     if exp.status == "planned":  # pre-registered, not run: no rows yet (load checked its preregistration)
         if exp.expected:
-            return [f"{folder.name}: status planned declares expected numbers: a plan has no results yet"]
-        return []
+            return [
+                f"{folder.name}: status planned declares expected numbers: a plan has no results yet",
+                *pins,
+            ]
+        return pins
     got, problems = recompute(exp if rows_from is None else dataclasses.replace(exp, folder=Path(rows_from)))
     for e in exp.expected:
         if e.row not in got:
@@ -278,7 +283,7 @@ def check(folder: Path, rows_from: Path | None = None) -> list[str]:
     for t in exp.tests:
         if not isinstance(lookup(got.get(t.row), t.field), (int, float)):
             problems.append(f"test {t.row}.{t.field} ({t.says}): no such p-value in the recomputed rows")
-    return [f"{folder.name}: {p}" for p in problems]
+    return pins + [f"{folder.name}: {p}" for p in problems]
 
 
 def folders(results: Path) -> list[Path]:

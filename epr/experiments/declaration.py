@@ -11,6 +11,8 @@ tolerances. ``epr experiment check`` recomputes those numbers from the folder's 
     seeds: [42, 1, 2]
     preregistration: ../mtop-curve-round2/PREREGISTRATION.md   # or null
     commands: [python scripts/learning_curve.py ...]
+    after_look: [abc1234 amendment 3 ...]   # each change to the pre-registration committed after the look (git checks)
+    files: {rows/bm25.json: <sha256>, ...}   # every data file pinned (`epr experiment digest`; check compares)
     outcome: one line, what it showed (a loss included)
     expected:                     # recomputed from rows/ by `epr experiment check`
       - {row: epr@2000-distill-pooled, field: em, value: 37.62, tol: 0.05}
@@ -94,6 +96,10 @@ class Experiment:
     tests: tuple[Test, ...] = ()
     notes: str = ""
     extra: dict = field(default_factory=dict)
+    after_look: tuple[
+        str, ...
+    ] = ()  # each change to the pre-registration after the look, one line naming its commit
+    files: dict | None = None  # every data file's sha256 (epr/experiments/digests.py); None: not pinned
 
     @property
     def name(self) -> str:
@@ -139,7 +145,7 @@ def load(folder: Path) -> Experiment:
         raise InputError(f"{where}: expected a mapping at the top")
     known = {
         "title", "dataset", "split", "status", "date", "kind", "seeds", "preregistration", "commands",
-        "outcome", "superseded_by", "expected", "tests", "notes", "extra",
+        "outcome", "superseded_by", "expected", "tests", "notes", "extra", "after_look", "files",
     }  # fmt: skip
     if unknown := sorted(set(d) - known):
         raise InputError(f"{where}: unknown keys {unknown} (known: {sorted(known)})")
@@ -163,6 +169,8 @@ def load(folder: Path) -> Experiment:
         tests=_items(d, "tests", Test, where, {"row", "field", "says"}),
         notes=str(d.get("notes") or ""),
         extra=dict(d.get("extra") or {}),
+        after_look=tuple(str(a) for a in d.get("after_look") or ()),
+        files=None if d.get("files") is None else {str(k): str(v) for k, v in d["files"].items()},
     )
     if exp.preregistration and not (folder / exp.preregistration).exists():
         raise InputError(f"{where}: preregistration {exp.preregistration!r} does not exist beside it")

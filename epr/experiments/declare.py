@@ -12,6 +12,7 @@ import yaml
 from epr.artifacts import read_json
 from epr.experiments.check import row_name
 from epr.experiments.declaration import DATASETS, FILE
+from epr.experiments.digests import KEY, block
 
 __all__ = ["draft", "expect", "dump", "TOL"]
 
@@ -109,7 +110,7 @@ def write_draft(folder: Path, overwrite: bool = False) -> Path:
 
 
 ORDER = ("title", "dataset", "split", "status", "superseded_by", "date", "kind", "seeds", "preregistration",
-         "commands", "outcome", "notes", "extra")  # fmt: skip
+         "commands", "outcome", "notes", "extra", "after_look")  # fmt: skip
 
 
 def dump(d: dict) -> str:
@@ -122,4 +123,6 @@ def dump(d: dict) -> str:
                 f"  - {yaml.safe_dump(item, default_flow_style=True, sort_keys=False, width=1000).strip()}\n"
                 for item in d[key]
             )
+    if d.get(KEY) is not None:
+        text += block(d[KEY])
     return text

@@ -144,7 +144,7 @@ def _build(results: Path) -> tuple[str, dict[str, str], list[dict]]:
         GENERATED,
         "",
         "Each folder declares what it is in `experiment.yaml`; `epr experiment check` recomputes every number below",
-        "from the committed per-example rows (CI runs it). Paper metric: exact match (MTOP, SMCalFlow), LF-EM",
+        "from the committed per-example rows, whose every file is pinned by its sha256 (CI runs it). Paper metric: exact match (MTOP, SMCalFlow), LF-EM",
         "(BREAK). p: the headline row against the better of BM25 and SBERT in that metric (exact McNemar / sign",
         "test); Holm: adjusted over every locked test of the dataset (the ledger below). Gold log-prob gain over BM25",
         "with Wilcoxon p and the mean's t-test p. Gap: fraction of the BM25 -> LM-Oracle gold log-prob gap captured.",
@@ -203,6 +203,8 @@ def _build(results: Path) -> tuple[str, dict[str, str], list[dict]]:
                 )
                 if e.status == "planned":
                     pre += f" (planned: {_recorded(e)})"
+                if e.after_look:
+                    pre += f"; changed after the look: {'; '.join(e.after_look)}"
                 ledger_lines.append(
                     f"| {i} | {e.date} | [{e.name}]({e.name}/) | {pre} | {e.outcome} | {tests} |"
                 )
@@ -212,9 +214,12 @@ def _build(results: Path) -> tuple[str, dict[str, str], list[dict]]:
     out += [
         "## The ledger of locked looks",
         "",
-        "Every evaluation on a locked split, per dataset, in date order. From "
+        "Every evaluation on a locked split, per dataset, in the order git has them: a look's date is the first commit",
+        "of its locked rows (a row copied from another folder belongs to the look that made it), and `epr experiment",
+        "check` fails where a folder's declared date, split or pre-registration disagrees with git",
+        "(`epr experiment ledger` prints git's ledger, with every commit that revealed more of a look's rows). From "
         f"{PREREGISTERED_FROM} UTC on, a recipe is evaluated on a locked split once, after a pre-registration",
-        "committed before the run (`epr experiment check` refuses a later look without one).",
+        "committed before its rows; a change to it after the look is listed here, naming its commit.",
         "",
         *ledger_lines,
         "## Every folder",

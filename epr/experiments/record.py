@@ -21,6 +21,7 @@ from pathlib import Path
 import yaml
 
 from epr.artifacts import read_json
+from epr.experiments import digests
 from epr.experiments.declaration import FILE
 from epr.experiments.declare import dump, expect
 from epr.reports.served import served_report
@@ -60,6 +61,8 @@ def staged(folder: Path):
         tmp.mkdir(parents=True)
     try:
         yield tmp
+        if (tmp / FILE).exists():
+            digests.write(tmp)  # every file as recorded, pinned
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

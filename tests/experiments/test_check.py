@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from epr.experiments import check as checking
-from epr.experiments import declare, gap, index
+from epr.experiments import declare, digests, gap, index
 from epr.experiments.declaration import load
 from epr.reports import plots
 from epr.types import InputError
@@ -33,6 +33,7 @@ def _copy(tmp_path: Path, name: str) -> Path:
         d = declare.draft(dst)
     d.update(title=f"{name} (copy)", outcome="as committed", date=d.get("date") or "2026-11-26")
     (dst / "experiment.yaml").write_text(declare.dump(d))
+    digests.write(dst)  # pinned as copied: the controls below test the recomputation beneath the pins
     return dst
 
 
@@ -237,6 +238,7 @@ def test_a_slices_folder_recomputes_its_pairs_and_fails_on_a_changed_value(tmp_p
         ],
     }
     (folder / "experiment.yaml").write_text(declare.dump(decl))
+    digests.write(folder)
     assert checking.check(folder) == []
     got, _ = checking.recompute(load(folder))
     assert got["b:hybrid-vs-a:hybrid"]["win_rate"] == 1.0 and got["a:hybrid"]["n"] == len(rows)
@@ -308,6 +310,7 @@ def test_a_slices_folder_pairs_two_runs_evaluation_rows_in_both_metrics_with_the
         ],
     }
     (folder / "experiment.yaml").write_text(declare.dump(decl))
+    digests.write(folder)
     assert checking.check(folder) == []
     got, _ = checking.recompute(load(folder))
     em = got["b:epr-vs-a:epr:em"]
@@ -518,6 +521,7 @@ def test_a_planned_locked_look_takes_its_seeds_one_at_a_time_and_declares_number
     decl["extra"] = {"pairs": [f"s1:bm25 {pooled}"]}
     decl["tests"] = [{"row": f"{pooled}-vs-s1:bm25:em", "field": "p_mcnemar", "says": "EM vs BM25"}]
     (dest / "experiment.yaml").write_text(declare.dump(decl))
+    digests.write(dest)
     assert checking.check(dest) == []  # planned: no rows yet
     for i, s in enumerate(("s1", "s2", "s3")):
 
@@ -629,3 +633,65 @@ def test_a_failing_record_writes_nothing(tmp_path):
             call()
         assert [p.name for p in dest.iterdir()] == ["PLAN.md"]
         assert [p.name for p in dest.parent.iterdir()] == ["new"]  # no staging copy left beside it
+
+
+def _one_number_edited(path: Path) -> bool:
+    """The file's first decimal number raised by 1 (one example's value: a nat, or a true/false flipped where it
+    holds no decimal), gzip kept; False where it holds neither."""
+    import re
+
+    raw = path.read_bytes()
+    gz = raw[:2] == b"\x1f\x8b"
+    text = (gzip.decompress(raw) if gz else raw).decode("utf-8", "replace")
+    m = re.search(r"-?\d+\.\d+", text)
+    if m:
+        text = text[: m.start()] + repr(float(m.group()) + 1.0) + text[m.end() :]
+    elif "true" in text:
+        text = text.replace("true", "false", 1)
+    else:
+        return False
+    data = text.encode()
+    path.write_bytes(gzip.compress(data, mtime=0) if gz else data)
+    return True
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["break-curve-locked-em", "mtop-default-recipe", "mtop-8000-locked", "truthfulqa", "mtop-curve"],
+)  # a curve, a run, a slices folder and two kind: other (the decisive TruthfulQA one among them)
+def test_a_one_number_edit_to_any_pinned_file_of_any_folder_kind_fails(tmp_path, name):
+    """Issue 75's audit: a 1-nat edit to one example of a row no declared number reads passed ``check``. Every data
+    file is pinned now: the same edit to each file of the folder, one at a time, fails, naming the file; the
+    untouched copy passes."""
+    dst = tmp_path / name
+    shutil.copytree(RESULTS / name, dst)
+    exp = load(dst)
+    assert exp.files and digests.problems(dst, exp.files) == []
+    edited = 0
+    for rel in digests.pinned(dst):
+        keep = (dst / rel).read_bytes()
+        if not _one_number_edited(dst / rel):
+            continue
+        edited += 1
+        assert digests.problems(dst, exp.files) == [
+            f"{rel.as_posix()}: its sha256 is not the pinned one (an edited example, or a rerun not re-pinned)"
+        ]
+        (dst / rel).write_bytes(keep)
+    assert edited >= 1
+    (dst / "rows" / "extra.json").parent.mkdir(exist_ok=True)
+    (dst / "rows" / "extra.json").write_text("{}")  # a row slipped in beside the pinned ones
+    assert digests.problems(dst, exp.files) == ["rows/extra.json: not pinned (files does not list it)"]
+
+
+def test_an_exact_match_flip_in_a_row_no_pair_reads_fails(tmp_path):
+    """The audit's other attack: an EM flip in a row of ``mtop-8000-locked`` that no declared pair uses."""
+    dst = tmp_path / "mtop-8000-locked"
+    shutil.copytree(RESULTS / "mtop-8000-locked", dst)
+    f = dst / "rows" / "per_query-s1.jsonl.gz"
+    lines = gzip.decompress(f.read_bytes()).decode().splitlines()
+    r = json.loads(lines[3])
+    unpaired = next(k for k, v in r.items() if isinstance(v, dict) and "correct" in v and k not in ("bm25",))
+    r[unpaired]["correct"] = not r[unpaired]["correct"]
+    lines[3] = json.dumps(r)
+    f.write_bytes(gzip.compress(("\n".join(lines) + "\n").encode(), mtime=0))
+    assert any("rows/per_query-s1.jsonl.gz: its sha256" in p for p in checking.check(dst))
