@@ -254,12 +254,25 @@ def lookup(row: Mapping | None, field: str) -> Any:
 def recompute(exp: Experiment) -> tuple[dict[str, dict], list[str]]:
     """The folder's rows recomputed from its committed per-example files, and where its own tables disagree."""
     if exp.kind == "curve":
-        return _curve(exp.folder)
-    if exp.kind == "run":
-        return _run(exp.folder, exp)
-    if exp.kind == "slices":
-        return _slices(exp.folder, exp)
-    return {}, []
+        got, problems = _curve(exp.folder)
+    elif exp.kind == "run":
+        got, problems = _run(exp.folder, exp)
+    elif exp.kind == "slices":
+        got, problems = _slices(exp.folder, exp)
+    else:
+        got, problems = {}, []
+    return {**got, **_comparisons(exp)}, problems
+
+
+def _comparisons(exp: Experiment) -> dict[str, dict]:
+    """The declared comparisons of rows across folders (``cmp:<name>``: ``compare_rows``'s paired result)."""
+    from epr.experiments.compare_rows import compare, load_side
+
+    out = {}
+    for name, c in exp.comparisons.items():
+        side = {k: ",".join(str(exp.folder / p) for p in c[k].split(",") if p) for k in ("a", "b")}
+        out[f"cmp:{name}"] = compare(load_side(side["a"]), load_side(side["b"]), "a", "b", c.get("metric"))
+    return out
 
 
 def check(folder: Path, rows_from: Path | None = None) -> list[str]:

@@ -125,6 +125,9 @@ def compare(a: dict, b: dict, name_a: str = "A", name_b: str = "B", metric: str 
         d = [y - x for x, y in both]
         gain, p, med, win = paired_logprob([y for _, y in both], [x for x, _ in both])
         _, lo, hi = mean_ci(d, n_boot=2000)
+        from scipy.stats import ttest_1samp
+
+        p_t = float(ttest_1samp(d, 0.0).pvalue) if len(d) > 1 and np.any(d) else 1.0
         return {
             "metric": "gold_logprob",
             "seeds_a": a.get("seeds", 1),
@@ -138,6 +141,7 @@ def compare(a: dict, b: dict, name_a: str = "A", name_b: str = "B", metric: str 
             "median_gain": med,
             "win_rate": win,
             "p_wilcoxon": p,
+            "p_ttest": p_t,  # the mean's test: a claim about the mean gain
         }
     if "correct" in a and "correct" in b:
         if a["idx"] != b["idx"]:

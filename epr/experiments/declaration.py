@@ -13,6 +13,8 @@ tolerances. ``epr experiment check`` recomputes those numbers from the folder's 
     commands: [python scripts/learning_curve.py ...]
     after_look: [abc1234 amendment 3 ...]   # each change to the pre-registration committed after the look (git checks)
     files: {rows/bm25.json: <sha256>, ...}   # every data file pinned (`epr experiment digest`; check compares)
+    comparisons:                  # rows of two folders paired; recomputed as row cmp:<name>, so a test can name it
+      listwise-vs-distill: {a: ../mtop-curve-round2-locked/rows/epr@2000-distill.json, b: rows/epr@2000-listwise.json}
     outcome: one line, what it showed (a loss included)
     expected:                     # recomputed from rows/ by `epr experiment check`
       - {row: epr@2000-distill-pooled, field: em, value: 37.62, tol: 0.05}
@@ -100,6 +102,7 @@ class Experiment:
         str, ...
     ] = ()  # each change to the pre-registration after the look, one line naming its commit
     files: dict | None = None  # every data file's sha256 (epr/experiments/digests.py); None: not pinned
+    comparisons: dict = field(default_factory=dict)  # name -> {a, b, metric}: rows of two folders paired
 
     @property
     def name(self) -> str:
@@ -130,6 +133,24 @@ def _items(d: dict, key: str, cls: type, where: str, allowed: set[str]) -> tuple
     return tuple(out)
 
 
+def _comparisons(d: dict, where: str) -> dict:
+    """``comparisons``: name -> {a, b[, metric]}: two sides of a paired comparison, each a row file relative to the
+    folder (``../other/rows/x.json``) or several seeds' joined by commas; ``metric``: gold_logprob (default where
+    both sides hold it) or exact_match. Recomputed by check as the row ``cmp:<name>``, so a test may name it."""
+    out = {}
+    for name, c in (d.get("comparisons") or {}).items():
+        if not isinstance(c, dict) or not {"a", "b"} <= set(c) or set(c) - {"a", "b", "metric"}:
+            raise InputError(
+                f"{where}: comparisons.{name}: expected a mapping with a, b and optionally metric"
+            )
+        if c.get("metric") not in (None, "gold_logprob", "exact_match"):
+            raise InputError(
+                f"{where}: comparisons.{name}.metric: {c['metric']!r} is not gold_logprob or exact_match"
+            )
+        out[str(name)] = {k: str(v) for k, v in c.items()}
+    return out
+
+
 def load(folder: Path) -> Experiment:
     """The folder's declaration, checked: a missing or misspelt key names the file and the key."""
     folder = Path(folder)
@@ -145,7 +166,7 @@ def load(folder: Path) -> Experiment:
         raise InputError(f"{where}: expected a mapping at the top")
     known = {
         "title", "dataset", "split", "status", "date", "kind", "seeds", "preregistration", "commands",
-        "outcome", "superseded_by", "expected", "tests", "notes", "extra", "after_look", "files",
+        "outcome", "superseded_by", "expected", "tests", "notes", "extra", "after_look", "files", "comparisons",
     }  # fmt: skip
     if unknown := sorted(set(d) - known):
         raise InputError(f"{where}: unknown keys {unknown} (known: {sorted(known)})")
@@ -171,6 +192,7 @@ def load(folder: Path) -> Experiment:
         extra=dict(d.get("extra") or {}),
         after_look=tuple(str(a) for a in d.get("after_look") or ()),
         files=None if d.get("files") is None else {str(k): str(v) for k, v in d["files"].items()},
+        comparisons=_comparisons(d, where),
     )
     if exp.preregistration and not (folder / exp.preregistration).exists():
         raise InputError(f"{where}: preregistration {exp.preregistration!r} does not exist beside it")

@@ -110,7 +110,7 @@ def write_draft(folder: Path, overwrite: bool = False) -> Path:
 
 
 ORDER = ("title", "dataset", "split", "status", "superseded_by", "date", "kind", "seeds", "preregistration",
-         "commands", "outcome", "notes", "extra", "after_look")  # fmt: skip
+         "commands", "outcome", "notes", "extra", "after_look", "comparisons")  # fmt: skip
 
 
 def dump(d: dict) -> str:

@@ -209,6 +209,20 @@ def _build(results: Path) -> tuple[str, dict[str, str], list[dict]]:
                     f"| {i} | {e.date} | [{e.name}]({e.name}/) | {pre} | {e.outcome} | {tests} |"
                 )
             ledger_lines.append("")
+            says = {(e.name, t.row, t.field): t.says for e in looks for t in e.tests}
+            lost = [
+                f"{k[0]}: {says[k]} ({_p(p)}, Holm {_p(h)})" for k, (p, h) in fam.items() if p < 0.05 <= h
+            ]
+            ledger_lines += [
+                f"Holm runs over all {len(fam)} tests above, the comparisons of two folders' rows included "
+                f"(`comparisons` in a declaration, recomputed as `cmp:` rows). "
+                + (
+                    "Below 0.05 alone, not after Holm: " + "; ".join(lost) + "."
+                    if lost
+                    else "Every test below 0.05 alone stays below it after Holm."
+                ),
+                "",
+            ]
     points = gap_points(exps, rows)
     out += cost_table(points, DATASETS)
     out += [

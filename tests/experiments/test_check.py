@@ -695,3 +695,38 @@ def test_an_exact_match_flip_in_a_row_no_pair_reads_fails(tmp_path):
     lines[3] = json.dumps(r)
     f.write_bytes(gzip.compress(("\n".join(lines) + "\n").encode(), mtime=0))
     assert any("rows/per_query-s1.jsonl.gz: its sha256" in p for p in checking.check(dst))
+
+
+def test_a_comparison_across_folders_recomputes_and_fails_on_the_other_folders_row(tmp_path):
+    """Issue 75: the pre-registered tests that pair two folders' rows (listwise against distill) are declared
+    (``comparisons``), recomputed as ``cmp:`` rows, and in Holm's family; a one-nat change to one example of the
+    *other* folder's row (re-pinned there, so only the recomputation can catch it) fails this folder's check."""
+    for name in ("mtop-curve-round2-listwise-locked", "mtop-curve-round2-listwise", "mtop-curve-round2-locked",
+                 "mtop-curve-round2"):  # fmt: skip
+        shutil.copytree(RESULTS / name, tmp_path / name)
+    f = tmp_path / "mtop-curve-round2-listwise-locked"
+    assert checking.check(f) == []
+    exp = load(f)
+    assert {"cmp:listwise-vs-distill", "cmp:listwise-vs-distill-em"} <= {t.row for t in exp.tests}
+    got, _ = checking.recompute(exp)
+    assert got["cmp:listwise-vs-distill"]["p_wilcoxon"] == pytest.approx(0.281, abs=0.001)
+    fam = index.family([exp], {exp.name: got})
+    assert (exp.name, "cmp:listwise-vs-distill-em", "p_mcnemar") in fam
+    other = tmp_path / "mtop-curve-round2-locked"
+    row = other / "rows" / "epr@2000-distill-s2.json"
+    d = json.loads(row.read_text())
+    d["per_query_logprob"][11] -= (
+        30.0  # one example of the reference side, 30 nats lower: the pooled mean moves 0.008
+    )
+    row.write_text(json.dumps(d))
+    digests.write(other)
+    assert any("cmp:listwise-vs-distill.gain" in p for p in checking.check(f))
+
+
+def test_a_malformed_comparison_names_the_key(tmp_path):
+    f = _copy(tmp_path, "mtop-default-recipe")
+    d = yaml.safe_load((f / "experiment.yaml").read_text())
+    d["comparisons"] = {"x": {"a": "rows/a.json"}}
+    (f / "experiment.yaml").write_text(yaml.safe_dump(d))
+    with pytest.raises(InputError, match="comparisons.x: expected a mapping with a, b"):
+        load(f)
