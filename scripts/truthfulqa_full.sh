@@ -6,15 +6,17 @@
 set -e
 SWEEP=0,0.25,0.5,0.75,1
 GEMMA_SWEEP=${GEMMA_SWEEP-$SWEEP}   # GEMMA_SWEEP= (empty): no sweep for Gemma, 30% less time
-OUT=results/truthfulqa
-epr truthfulqa --set name=tqa-smollm2-fp32 --set truthfulqa.sweep=$SWEEP
-epr truthfulqa --set name=tqa-smollm2-fp32-v0-fix --set truthfulqa.version=v0 --set truthfulqa.variants=fix
-EPR_ACCEPT_GEMMA_TERMS=1 epr truthfulqa -c configs/truthfulqa-gemma.yaml --set name=tqa-gemma-bf16 \
+OUT=${OUT-results/truthfulqa}   # OUT=... RUN_ROOT=... sh scripts/truthfulqa_full.sh: a rerun beside the committed folder
+RUN_ROOT=${RUN_ROOT-runs}
+mkdir -p "$OUT"
+epr truthfulqa --set run_root="$RUN_ROOT" --set name=tqa-smollm2-fp32 --set truthfulqa.sweep=$SWEEP
+epr truthfulqa --set run_root="$RUN_ROOT" --set name=tqa-smollm2-fp32-v0-fix --set truthfulqa.version=v0 --set truthfulqa.variants=fix
+EPR_ACCEPT_GEMMA_TERMS=1 epr truthfulqa -c configs/truthfulqa-gemma.yaml --set run_root="$RUN_ROOT" --set name=tqa-gemma-bf16 \
     --set models.dtype=bf16 --set "truthfulqa.sweep=[$GEMMA_SWEEP]"
 for run in smollm2-fp32 smollm2-fp32-v0-fix gemma-bf16; do
     rm -rf "$OUT/$run" && mkdir -p "$OUT/$run"
-    cp runs/tqa-$run/tqa_report/*.md runs/tqa-$run/tqa_report/*.json runs/tqa-$run/tqa_report/*.csv \
-       runs/tqa-$run/tqa_report/*.png runs/tqa-$run/tqa_report/*.html runs/tqa-$run/tqa_report/per_question.jsonl \
+    R="$RUN_ROOT/tqa-$run/tqa_report"
+    cp "$R"/*.md "$R"/*.json "$R"/*.csv "$R"/*.png "$R"/*.html "$R"/per_question.jsonl \
        "$OUT/$run/" 2>/dev/null || true
 done
 python -m epr.truthfulqa.findings "$OUT/smollm2-fp32" "$OUT/gemma-bf16" --out "$OUT/README.md"

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import argparse
 import logging
+import re
 import shlex
 import subprocess
 import sys
 from pathlib import Path
+
+from epr.types import InputError
 
 log = logging.getLogger(__name__)
 
@@ -192,16 +195,25 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit("epr experiment run: give one results folder")
     exp = declaration.load(args.folders[0])
     into = args.into or Path(args.run_root) / "rerun" / exp.name
-    commands = [c for c in (rerun_command(c, into, args.run_root) for c in exp.commands) if c]
+    per_seed = [  # a command naming {seed} runs once per declared seed
+        c.replace("{seed}", str(seed))
+        for c in exp.commands
+        for seed in (exp.seeds if "{seed}" in c else (None,))
+    ]
+    commands = [c for c in (rerun_command(c, into, args.run_root) for c in per_seed) if c]
     if not commands:
         raise SystemExit(
             f"epr experiment run: {exp.name} declares no command that makes it (kind {exp.kind})"
         )
     for argv in commands:
         say(f"$ {shlex.join(argv)}")
+        if missing := [a for a in _named_files(argv) if not (ROOT / a).exists()]:
+            raise InputError(
+                f"epr experiment run: {exp.name}: the command names files this checkout lacks: {missing}"
+            )
         if args.dry_run:
             continue
-        done = subprocess.run([sys.executable, *argv], cwd=ROOT)
+        done = subprocess.run(argv, cwd=ROOT)
         if done.returncode:
             say(
                 f"epr experiment run: stopped (exit {done.returncode}); the same command resumes where it stopped"
@@ -210,7 +222,7 @@ def run(args: argparse.Namespace) -> int:
     if args.dry_run:
         return 0
     # the rerun's rows against the numbers the folder declares, within their tolerances
-    problems = checking.check(exp.folder, rows_from=into if exp.kind == "curve" else None)
+    problems = checking.check(exp.folder, rows_from=into)
     for p in problems:
         say(p)
     say(f"{exp.name}: the rerun {'differs' if problems else 'reproduces every declared number'} ({into})")
@@ -218,13 +230,42 @@ def run(args: argparse.Namespace) -> int:
 
 
 CURVE = ("scripts/learning_curve.py", "scripts/mtop_curve.py")
+FILES = (".py", ".yaml", ".json", ".json.gz", ".jsonl", ".jsonl.gz", ".sh")
+
+
+def _named_files(argv: list[str]) -> list[str]:
+    """The repository files a command names (relative paths with a file's suffix; ``k=v`` values included), which a
+    rerun needs to find; paths under the run root or the rerun's folder are made by the run, not named here."""
+    out = []
+    for a in argv:
+        a = a.split("=", 1)[-1]
+        if a.endswith(FILES) and not Path(a).is_absolute() and not a.startswith(("-", "runs/")):
+            out.append(a)
+    return out
 
 
 def rerun_command(command: str, into: Path, run_root: str) -> list[str] | None:
     """A declared command as a fresh rerun runs it (argv after ``python``): a learning curve writes into ``into``
     under ``run_root`` (never into the committed folder); a redraw (``--from-rows``) is left out, as the rerun's
     own rows are checked; ``epr ...`` runs this package's CLI."""
-    argv = shlex.split(command)
+    fill = {"run_root": str(run_root), "out": str(into), "results": str(ROOT / "results")}  # {seed}: run()
+    try:
+        command = re.sub(r"\{([a-z_]+)\}", lambda m: fill[m.group(1)], command)
+    except KeyError as e:
+        raise InputError(f"{command!r}: unknown template {{{e.args[0]}}} (known: {sorted(fill)})") from None
+    argv = shlex.split(command, comments=True)
+    env = []
+    while argv and re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", argv[0]):  # NAME=value before a shell script
+        env.append(argv.pop(0))
+    if argv[0] in ("sh", "bash"):
+        return ["env", *env, *argv] if env else argv
+    if env:
+        raise InputError(f"{command!r}: environment assignments are for shell scripts (sh / bash) only")
+    argv = _python(argv, into, run_root)
+    return None if argv is None else [sys.executable, *argv]
+
+
+def _python(argv: list[str], into: Path, run_root: str) -> list[str] | None:
     if argv[0] in ("python", "python3"):
         argv = argv[1:]
     if argv[0] == "epr":

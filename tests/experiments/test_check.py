@@ -132,13 +132,13 @@ def test_a_rerun_writes_beside_never_into_the_committed_folder():
         "scripts/learning_curve.py --split locked --set candidates.mine_run=/w/runs/mtop-curve/2000-distill "
         "--sizes 2000 --run-root /w/runs --out out/x"
     )
-    argv = rerun_command(cmd, Path("runs/rerun/x"), "fresh")
+    argv = rerun_command(cmd, Path("runs/rerun/x"), "fresh")[1:]  # after the interpreter
     assert argv[:2] == ["-m", "epr.experiments.curve"]
     assert argv[-4:] == ["--out", "runs/rerun/x", "--run-root", "fresh"]
     assert "out/x" not in argv and "/w/runs" not in argv
     assert "candidates.mine_run=fresh/mtop-curve/2000-distill" in argv  # the round-1 run moves with the root
     assert rerun_command("scripts/learning_curve.py --from-rows --out results/x", Path("y"), "r") is None
-    assert rerun_command("epr run -c configs/mtop.yaml", Path("y"), "r")[:3] == ["-m", "epr.cli", "run"]
+    assert rerun_command("epr run -c configs/mtop.yaml", Path("y"), "r")[1:4] == ["-m", "epr.cli", "run"]
 
 
 def test_index_check_fails_on_a_stale_index(tmp_path, capsys):
@@ -730,3 +730,52 @@ def test_a_malformed_comparison_names_the_key(tmp_path):
     (f / "experiment.yaml").write_text(yaml.safe_dump(d))
     with pytest.raises(InputError, match="comparisons.x: expected a mapping with a, b"):
         load(f)
+
+
+MACHINE_PATH = r"(?<![\w.~-])/(?:work|tmp|home|root|Users|mnt|scratch)/"
+
+
+def test_no_declaration_or_prose_under_results_names_a_machines_path():
+    """Issue 75: commands are templates ({run_root}, {out}, {seed}); no declaration or README names one machine's
+    folders (raw logs and tables keep the paths they were written with: they are records, pinned)."""
+    import re
+
+    bad = [
+        f"{p.relative_to(ROOT)}:{i}"
+        for p in sorted([*RESULTS.glob("*/experiment.yaml"), *RESULTS.glob("*/*.md"), *RESULTS.glob("*.md")])
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if re.search(MACHINE_PATH, line)
+    ]
+    assert bad == []
+    assert re.search(MACHINE_PATH, "--run-root /work/runs-wt/runs") and not re.search(
+        MACHINE_PATH, "{run_root}/x"
+    )
+
+
+def test_every_decisive_folders_commands_run_as_written_dry(capsys):
+    """``epr experiment run --dry-run`` on every decisive folder: each template filled, each file a command names
+    present in this checkout, a {seed} command once per declared seed."""
+    from epr.cli import main
+
+    decisive = [f for f in checking.folders(RESULTS) if load(f).status == "decisive"]
+    assert len(decisive) >= 10
+    for f in decisive:
+        assert main(["experiment", "run", str(f), "--dry-run"]) == 0, f.name
+    out = capsys.readouterr().out
+    assert "{" not in "".join(x for x in out.splitlines() if x.startswith("$ "))
+    assert all(f"--as s{s}" in out for s in (42, 1, 2))  # mtop-8000-locked's record, per seed
+    assert "env OUT=runs/rerun/truthfulqa RUN_ROOT=runs sh scripts/truthfulqa_full.sh" in out
+
+
+def test_a_command_naming_a_missing_file_or_an_unknown_template_fails_dry(tmp_path, capsys):
+    from epr.cli import main
+    from epr.cli.experiment import rerun_command
+
+    f = _copy(tmp_path, "mtop-default-recipe")
+    d = yaml.safe_load((f / "experiment.yaml").read_text())
+    d["commands"] = ["epr cache import results/no-such-folder/scores.json.gz --set run_root={run_root}"]
+    (f / "experiment.yaml").write_text(declare.dump(d))
+    assert main(["experiment", "run", str(f), "--dry-run"]) != 0
+    assert "names files this checkout lacks: ['results/no-such-folder/scores.json.gz']" in capsys.readouterr().err
+    with pytest.raises(InputError, match="unknown template"):
+        rerun_command("epr run --set run_root={machine}", Path("y"), "r")
