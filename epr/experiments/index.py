@@ -62,9 +62,16 @@ def family(
 def headline(e: Experiment, got: Mapping[str, dict]) -> tuple[str | None, dict]:
     """The folder's headline row (its first test's row; else its best learned row by gold log-prob) and its
     numbers in the dataset's paper metric."""
-    name = e.tests[0].row if e.tests else None
+    own = [
+        t for t in e.tests if not t.row.startswith("cmp:")
+    ]  # a comparison with another folder heads nothing
+    name = own[0].row if own else None
     if name is None:
-        learned = [n for n in got if "@" in n or n in ("epr", "hybrid")]
+        learned = [n for n in got if ("@" in n or n in ("epr", "hybrid")) and not n.startswith("cmp:")]
+        if pooled := [
+            n for n in learned if n.endswith("-pooled")
+        ]:  # a row of several seeds shows the seeds pooled
+            learned = pooled
         name = max(learned, key=lambda n: got[n].get("gold_logprob") or -1e9, default=None)
     if name is None:
         return None, {}

@@ -776,6 +776,27 @@ def test_a_command_naming_a_missing_file_or_an_unknown_template_fails_dry(tmp_pa
     d["commands"] = ["epr cache import results/no-such-folder/scores.json.gz --set run_root={run_root}"]
     (f / "experiment.yaml").write_text(declare.dump(d))
     assert main(["experiment", "run", str(f), "--dry-run"]) != 0
-    assert "names files this checkout lacks: ['results/no-such-folder/scores.json.gz']" in capsys.readouterr().err
+    assert (
+        "names files this checkout lacks: ['results/no-such-folder/scores.json.gz']"
+        in capsys.readouterr().err
+    )
     with pytest.raises(InputError, match="unknown template"):
         rerun_command("epr run --set run_root={machine}", Path("y"), "r")
+
+
+def test_a_several_seed_folders_headline_shows_the_seeds_pooled():
+    """Issue 75, item 5: the listwise MTOP row showed seed 42's 38.8 EM under "3 seeds" (pooled 37.9). Every
+    decisive curve folder of several seeds heads the index with a pooled row; a comparison with another folder
+    (``cmp:``) never heads it."""
+    seen = 0
+    for f in checking.folders(RESULTS):
+        e = load(f)
+        if e.status != "decisive" or e.kind != "curve" or len(e.seeds) < 2:
+            continue
+        name, h = index.headline(e, checking.recompute(e)[0])
+        assert name.endswith("-pooled"), (f.name, name)
+        seen += 1
+    assert seen >= 5
+    e = load(RESULTS / "mtop-curve-round2-listwise-locked")
+    name, h = index.headline(e, checking.recompute(e)[0])
+    assert name == "epr@2000-listwise-pooled" and round(h["metric"], 1) == 37.9
