@@ -260,8 +260,43 @@ def recompute(exp: Experiment) -> tuple[dict[str, dict], list[str]]:
     elif exp.kind == "slices":
         got, problems = _slices(exp.folder, exp)
     else:
-        got, problems = {}, []
+        got, problems = _reports(exp.folder)
     return {**got, **_comparisons(exp)}, problems
+
+
+def _reports(folder: Path) -> tuple[dict[str, dict], list[str]]:
+    """A ``kind: other`` folder's TruthfulQA reports (``<sub>/per_question.jsonl`` beside ``<sub>/results.json``):
+    each variant's MC1, MC2, MC3 and DPO recomputed from its per-question rows (``<sub>:<variant>``), and where the
+    committed table disagrees."""
+    from epr.truthfulqa.sets import summarise
+
+    got: dict[str, dict] = {}
+    problems: list[str] = []
+    for pq in sorted(Path(folder).glob("*/per_question.jsonl")):
+        sub = pq.parent
+        table = read_json(sub / "results.json")["variants"]
+        by_set: dict[str, list[dict]] = {}
+        with open(pq, encoding="utf-8") as f:
+            for i, line in enumerate(f, 1):
+                try:
+                    r = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"{pq}:{i}: not JSON ({e})") from None
+                by_set.setdefault(r["set"], []).append(r)
+        for variant, said in table.items():
+            if variant not in by_set:
+                problems.append(
+                    f"{sub.name}/results.json: variant {variant!r} has no rows in per_question.jsonl"
+                )
+                continue
+            mine = summarise(by_set[variant])
+            got[f"{sub.name}:{variant}"] = mine
+            for k, v in mine.items():
+                want = said.get(k)
+                want = want[0] if isinstance(want, list) else want
+                if isinstance(want, (int, float)) and not math.isclose(v, want, rel_tol=1e-9, abs_tol=1e-12):
+                    problems.append(f"{sub.name}/results.json: {variant}.{k} {want} but its rows give {v}")
+    return got, problems
 
 
 def _comparisons(exp: Experiment) -> dict[str, dict]:
@@ -287,6 +322,10 @@ def check(folder: Path, rows_from: Path | None = None) -> list[str]:
                 *pins,
             ]
         return pins
+    if exp.status in ("decisive", "supporting") and not exp.expected:
+        pins.append(
+            f"{folder.name}: a {exp.status} folder declares no expected number (nothing of it is checked)"
+        )
     got, problems = recompute(exp if rows_from is None else dataclasses.replace(exp, folder=Path(rows_from)))
     for e in exp.expected:
         if e.row not in got:

@@ -800,3 +800,33 @@ def test_a_several_seed_folders_headline_shows_the_seeds_pooled():
     e = load(RESULTS / "mtop-curve-round2-listwise-locked")
     name, h = index.headline(e, checking.recompute(e)[0])
     assert name == "epr@2000-listwise-pooled" and round(h["metric"], 1) == 37.9
+
+
+def test_truthfulqa_is_recomputed_from_its_per_question_rows(tmp_path):
+    """The decisive TruthfulQA folder had nothing to check (kind other): each report's MC1 / MC2 / MC3 / DPO per
+    variant is now recomputed from ``per_question.jsonl`` against its ``results.json`` and the declared numbers; one
+    question's MC1 flipped (the file re-pinned, so only the recomputation can catch it) fails."""
+    dst = tmp_path / "truthfulqa"
+    shutil.copytree(RESULTS / "truthfulqa", dst)
+    assert checking.check(dst) == []
+    got, _ = checking.recompute(load(dst))
+    assert got["smollm2-fp32:rel"]["mc1"] == pytest.approx(0.38188, abs=1e-5)
+    pq = dst / "smollm2-fp32" / "per_question.jsonl"
+    lines = pq.read_text().splitlines()
+    i = next(k for k, x in enumerate(lines) if json.loads(x)["set"] == "rel")
+    r = json.loads(lines[i])
+    r["mc1"] = 1.0 - r["mc1"]
+    lines[i] = json.dumps(r)
+    pq.write_text("\n".join(lines) + "\n")
+    digests.write(dst)
+    problems = checking.check(dst)
+    assert any("smollm2-fp32/results.json: rel.mc1" in p for p in problems)
+    assert any("expected smollm2-fp32:rel.mc1" in p for p in problems)
+
+
+def test_a_decisive_or_supporting_folder_must_declare_numbers(tmp_path):
+    f = _copy(tmp_path, "mtop-curve")
+    d = yaml.safe_load((f / "experiment.yaml").read_text())
+    d.pop("expected")
+    (f / "experiment.yaml").write_text(declare.dump(d))
+    assert any("declares no expected number" in p for p in checking.check(f))
