@@ -55,6 +55,11 @@ class Context:
     dist: Dist = field(default_factory=Dist)
     top: str | None = None  # a round sub-run's: the name of the run it is a round of
     _formats: dict = field(default_factory=dict, repr=False, compare=False)  # prompt(inference) -> its format
+    # round r - 1's context, made once: the chain of rounds is walked by every fingerprint of every later round
+    _prev: list = field(default_factory=list, repr=False, compare=False)
+    # fingerprints of this context's stages up to its encoder, computed once (a round's encoder fingerprint keys
+    # every later round; it depends on the config alone, so it cannot change while this context lives)
+    round_fps: dict = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self):
         if self.cfg.data.task == "truthfulqa" and self.cfg.prompt != PromptConfig():
@@ -77,13 +82,15 @@ class Context:
         r = self.round
         if r <= 1:
             return None
-        top = self.top or self.cfg.name
-        cfg = dataclasses.replace(
-            self.cfg,
-            name=f"{top}/rounds/round-{r - 1}",
-            candidates=dataclasses.replace(self.cfg.candidates, rounds=r - 1),
-        )
-        return Context(cfg, self.dist, top)
+        if not self._prev:
+            top = self.top or self.cfg.name
+            cfg = dataclasses.replace(
+                self.cfg,
+                name=f"{top}/rounds/round-{r - 1}",
+                candidates=dataclasses.replace(self.cfg.candidates, rounds=r - 1),
+            )
+            self._prev.append(Context(cfg, self.dist, top))
+        return self._prev[0]
 
     def rounds(self) -> list[Context]:
         """Every round of this run, first to last (this one last)."""

@@ -303,7 +303,20 @@ def load_config(paths: Sequence[str | Path] = (), overrides: Sequence[str] = ())
     return cfg
 
 
+MANY_ROUNDS = 4  # UDR and LLM-R iterate 2-3 times; each round scores its labels anew
+
+
 def _validate(cfg: ExperimentConfig) -> None:
+    if cfg.candidates.rounds > MANY_ROUNDS:
+        import logging
+
+        logging.getLogger(__name__).warning(
+            "config candidates.rounds=%d: each round mines, scores its labels with the LM and trains anew (the "
+            "default recipe's two rounds take most of its time; UDR and LLM-R iterate 2-3 times): about %dx the "
+            "labels of one round",
+            cfg.candidates.rounds,
+            cfg.candidates.rounds,
+        )
     # each field's own range is declared with it (opt(..., ge=...)) and checked by config_from_dict; these span fields
     checks = [
         (

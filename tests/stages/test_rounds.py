@@ -521,3 +521,44 @@ def test_this_run_exports_every_rounds_labels(tmp_path, tiny, tiny_lm_dir, minil
     assert main(["cache", "export", str(f), "--this-run", *args]) == 0
     (store,) = json.loads(gzip.open(f, "rt").read())["stores"]
     assert set(store["scores"]) == per_round[0] | per_round[1]
+
+
+def test_status_of_many_rounds_costs_about_one_round_each(monkeypatch, caplog):
+    """Issue 76: each round's fingerprint walked the rounds before it twice (through the ``rounds`` stage and the
+    re-mined candidates), so ``epr status`` doubled in work per round (nine rounds: minutes; fifty: never). Counted
+    in fingerprints computed, not in seconds: ten rounds cost about ten times one round, twenty about twice ten;
+    and the memo changes no key (every stage of every round as the unmemoized walk gives it). Many rounds warn."""
+    import torch
+
+    root = Path(__file__).resolve().parents[2]
+    monkeypatch.chdir(root)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    calls = {"n": 0}
+    real = pipeline.fingerprint
+
+    def counting(obj):
+        calls["n"] += 1
+        return real(obj)
+
+    monkeypatch.setattr(pipeline, "fingerprint", counting)
+
+    def cost(rounds: int) -> int:
+        calls["n"] = 0
+        ctx = Context(
+            load_config(["configs/mtop.yaml"], [f"candidates.rounds={rounds}", "run_root=/nonexistent"])
+        )
+        pipeline.status_rows(ctx)
+        return calls["n"]
+
+    one, ten, twenty = cost(1), cost(10), cost(20)
+    assert ten <= 12 * one and twenty <= 2.2 * ten, (one, ten, twenty)
+    assert "candidates.rounds=20: each round mines, scores its labels" in caplog.text
+
+    def walk(ctx, name):  # the keys without any memo: a fresh context chain for every lookup
+        fresh = Context(ctx.cfg, ctx.dist, ctx.top)
+        return pipeline.stage_fingerprint(fresh, name)
+
+    ctx = Context(load_config(["configs/mtop.yaml"], ["candidates.rounds=4", "run_root=/nonexistent"]))
+    for r in ctx.rounds():
+        for name in pipeline.upstream(r, "encoder"):
+            assert pipeline.stage_fingerprint(r, name) == walk(r, name), (r.round, name)
