@@ -18,6 +18,7 @@ from typing import Any, get_type_hints
 
 import yaml
 
+from epr.config.checks import validate
 from epr.config.names import out_of_range, path_problem, range_text
 from epr.config.per_device import is_per_device, resolve_per_device
 from epr.config.sections import (
@@ -65,6 +66,7 @@ __all__ = [
     "train_loss_weight",
     "RETRIEVERS",
     "DENSE",
+    "parse_retriever_name",
 ]
 
 
@@ -299,72 +301,8 @@ def load_config(paths: Sequence[str | Path] = (), overrides: Sequence[str] = ())
                 "quote it or close its brackets (e.g. retrieve.retrievers=[bm25,epr])"
             ) from None
     cfg = config_from_dict(ExperimentConfig, resolve_per_device(data))
-    _validate(cfg)
+    validate(cfg)
     return cfg
-
-
-MANY_ROUNDS = 4  # UDR and LLM-R iterate 2-3 times; each round scores its labels anew
-
-
-def _validate(cfg: ExperimentConfig) -> None:
-    if cfg.candidates.rounds > MANY_ROUNDS:
-        import logging
-
-        logging.getLogger(__name__).warning(
-            "config candidates.rounds=%d: each round mines, scores its labels with the LM and trains anew (the "
-            "default recipe's two rounds take most of its time; UDR and LLM-R iterate 2-3 times): about %dx the "
-            "labels of one round",
-            cfg.candidates.rounds,
-            cfg.candidates.rounds,
-        )
-    # each field's own range is declared with it (opt(..., ge=...)) and checked by config_from_dict; these span fields
-    checks = [
-        (
-            cfg.labels.k_pos + cfg.labels.k_neg <= cfg.candidates.L,
-            f"labels.k_pos + labels.k_neg ({cfg.labels.k_pos}+{cfg.labels.k_neg}) must be <= candidates.L ({cfg.candidates.L})",
-        ),
-        (
-            cfg.candidates.mine_run is None or cfg.candidates.miner in ("retriever", "mixed"),
-            "candidates.mine_run names the run whose trained encoder mines round 1: set it with "
-            f"candidates.miner=retriever or mixed; got miner={cfg.candidates.miner}, mine_run={cfg.candidates.mine_run}",
-        ),
-        (
-            cfg.candidates.miner == "bm25"
-            or cfg.candidates.mine_run is not None
-            or cfg.candidates.rounds >= 2,
-            f"candidates.miner={cfg.candidates.miner} with candidates.rounds=1 needs candidates.mine_run (the run "
-            "whose trained encoder mines); or set candidates.rounds >= 2 to re-mine with this run's own round 1",
-        ),
-        (
-            cfg.labels.source == "lm" or (cfg.candidates.miner == "bm25" and cfg.candidates.rounds == 1),
-            "labels.source=bm25 ranks candidates by their BM25 scores: it needs candidates.miner=bm25 and "
-            f"candidates.rounds=1 (re-mined candidates carry the encoder's scores); got "
-            f"miner={cfg.candidates.miner}, rounds={cfg.candidates.rounds}",
-        ),
-    ]
-    for name in cfg.retrieve.retrievers:
-        try:
-            base, div, bias = parse_retriever_name(name)
-        except ConfigError:
-            base, div, bias = None, False, False
-        suffixes = div or bias
-        checks.append(
-            (
-                base in RETRIEVERS,
-                f"retrieve.retrievers: unknown retriever {name!r}; known: {', '.join(RETRIEVERS)}, "
-                "with +div / +div+bias (RAGSys) after a dense one",
-            )
-        )
-        checks.append(
-            (
-                not suffixes or base in DENSE,
-                f"retrieve.retrievers: {name!r}: RAGSys re-ranking (+div, +bias) "
-                f"needs a dense first stage ({', '.join(DENSE)})",
-            )
-        )
-    for ok, msg in checks:
-        if not ok:
-            raise ConfigError(f"config: {msg}")
 
 
 def _yaml_value(value: Any) -> str:
