@@ -534,13 +534,15 @@ def test_status_of_many_rounds_costs_about_one_round_each(monkeypatch, caplog):
     monkeypatch.chdir(root)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     calls = {"n": 0}
-    real = pipeline.fingerprint
+    from epr.pipeline import graph
+
+    real = graph.fingerprint
 
     def counting(obj):
         calls["n"] += 1
         return real(obj)
 
-    monkeypatch.setattr(pipeline, "fingerprint", counting)
+    monkeypatch.setattr(graph, "fingerprint", counting)
 
     def cost(rounds: int) -> int:
         calls["n"] = 0

@@ -14,6 +14,7 @@ import pytest
 from epr import artifacts, cache, pipeline
 from epr.config import load_config
 from epr.context import Context
+from epr.pipeline import keys as pipeline_keys
 
 
 # ---- a local model's identity: its full weights ----------------------------------------------------------------
@@ -196,7 +197,7 @@ def test_hub_revision_is_part_of_the_examples_key_and_unpinned_keys_stay(tmp_pat
     runs had before the option existed (no hub_revision entry), so committed runs stay fresh."""
     base = [f"run_root={tmp_path}", "data.task=mtop"]
     fp = pipeline.stage_fingerprint(Context(load_config([], base)), "examples")
-    assert "hub_revision" not in pipeline._examples_keys(Context(load_config([], base)))["data"]
+    assert "hub_revision" not in pipeline_keys._examples_keys(Context(load_config([], base)))["data"]
     pinned = [
         pipeline.stage_fingerprint(Context(load_config([], [*base, f"data.hub_revision={r}"])), "examples")
         for r in ("abc123", "def456")
@@ -213,10 +214,10 @@ def test_own_json_data_is_keyed_by_how_numbers_are_read(name, marked, tmp_path):
     p = tmp_path / name
     p.write_bytes(b"x")
     cfg = load_config([], [f"run_root={tmp_path}", "data.task=jsonl", f"data.path={p}"])
-    keys = pipeline._examples_keys(Context(cfg))
+    keys = pipeline_keys._examples_keys(Context(cfg))
     assert ("json_numbers" in keys) is marked
     mtop = load_config([], [f"run_root={tmp_path}", "data.task=mtop"])
-    assert "json_numbers" not in pipeline._examples_keys(Context(mtop))  # built-in tasks' keys stay
+    assert "json_numbers" not in pipeline_keys._examples_keys(Context(mtop))  # built-in tasks' keys stay
 
 
 # ---- epr experiment curve: a row's key by the stages' rules -------------------------------------------------------
@@ -274,10 +275,15 @@ def test_an_added_option_at_its_neutral_default_keeps_the_fingerprint(tmp_path):
         return pipeline.stage_fingerprint(Context(cfg), "encoder")
 
     base = fp()
-    assert "demo_fields" not in pipeline.section_keys(Context(load_config([], ["data.task=demo"])), "train")
+    assert "demo_fields" not in pipeline_keys.section_keys(
+        Context(load_config([], ["data.task=demo"])), "train"
+    )
     assert fp("train.demo_fields=input_output") == base
     assert fp("train.demo_fields=input") != base and fp("train.max_length=32") != base  # negative controls
-    for section, fields in pipeline.ADDED_DEFAULTS.items():  # each listed default is the option's own default
+    for (
+        section,
+        fields,
+    ) in pipeline_keys.ADDED_DEFAULTS.items():  # each listed default is the option's own default
         cfg = load_config([], ["data.task=demo"])
         for k, v in fields.items():
             assert cfg.section(section)[k] == v
