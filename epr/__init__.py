@@ -20,7 +20,3 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 __all__ = ["__version__"]
-
-from epr import _moved
-
-_moved.install()  # old module paths (epr.models, epr.train, ...) still import, with a DeprecationWarning

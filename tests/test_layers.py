@@ -19,7 +19,6 @@ PKG = ROOT / "epr"
 # places only ``epr/__init__.py``, so a new module is placed here on purpose or fails.
 RANKS = {
     "epr": 0,  # the package root itself; types, config, artifacts, the cache rule, the run lock: the ground
-    "epr._moved": 0,
     "epr.types": 0,
     "epr.config": 0,
     "epr.artifacts": 0,
@@ -44,7 +43,7 @@ RANKS = {
 }
 TOP_LAYER = ("scripts", "benchmarks", "training")  # above the faces; run from the repository root
 MAX_LINES = 400
-MAX_TOP_MODULES = 12  # files directly in epr/ (__init__ and _moved included): the rest lives in packages
+MAX_TOP_MODULES = 11  # files directly in epr/ (__init__ included): the rest lives in packages
 
 
 def modules(root: Path = PKG) -> dict[str, Path]:
@@ -288,47 +287,16 @@ def test_no_module_grows_past_what_one_person_holds_in_mind(name):
     assert n <= MAX_LINES, f"{name}: {n} lines (> {MAX_LINES}): split it by concern"
 
 
-def test_old_module_paths_still_import_for_one_release_with_a_warning():
-    """``epr.models``, ``epr.train``, ... (before the packages) are the moved modules themselves, with a
-    DeprecationWarning; ``epr.encoder`` / ``epr.truthfulqa`` (once modules, now packages) still give their old
-    names."""
+def test_no_deprecation_shim_is_left():
+    """Issue 76: the package is unreleased (0.1.0), so the old module paths (``epr.models``, ``epr.train``, ...) and
+    the old top-level names of ``epr.encoder`` / ``epr.truthfulqa`` are gone, not aliased; nothing in the package
+    says "moved" or warns of a deprecation."""
     import importlib
-    import sys
-    import warnings
 
-    from epr._moved import MOVED
-
-    for old, new in MOVED.items():
-        sys.modules.pop(f"epr.{old}", None)
-        with warnings.catch_warnings(record=True) as w:
-            warnings.simplefilter("always")
-            mod = importlib.import_module(f"epr.{old}")
-        assert mod is importlib.import_module(f"epr.{new}"), old
-        assert any(
-            issubclass(x.category, DeprecationWarning) and f"epr.{new}" in str(x.message) for x in w
-        ), old
-    with pytest.warns(DeprecationWarning, match="epr.encoder.model.DualEncoder"):
-        from epr.encoder import DualEncoder
-    from epr.encoder.model import DualEncoder as new
-
-    assert DualEncoder is new
-    with pytest.warns(DeprecationWarning, match="epr.truthfulqa.sets.load_tqa"):
-        from epr.truthfulqa import load_tqa  # noqa: F401
+    for old in ("epr.models", "epr.train", "epr.truthfulqa_findings", "epr._moved"):
+        with pytest.raises(ModuleNotFoundError):
+            importlib.import_module(old)
     with pytest.raises(ImportError):
-        from epr.encoder import NoSuchName  # noqa: F401
-
-
-def test_old_module_paths_still_run_with_python_m():
-    """``python -m epr.truthfulqa_findings`` (the command older results name) runs the moved module as __main__,
-    with the warning; before the loader had ``get_code`` it died in runpy with an AttributeError."""
-    import subprocess
-    import sys
-
-    p = subprocess.run(
-        [sys.executable, "-W", "always::DeprecationWarning", "-m", "epr.truthfulqa_findings", "--help"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert p.returncode == 0, p.stderr
-    assert "findings across LMs" in p.stdout and "moved to epr.truthfulqa.findings" in p.stderr
+        from epr.encoder import DualEncoder  # noqa: F401
+    said = [n for n, p in modules().items() if "DeprecationWarning" in p.read_text(encoding="utf-8")]
+    assert said == []

@@ -6,9 +6,3 @@
 - ``train``: the training loop (accelerate, 1 or N processes); ``checkpoints``: resumable checkpoints;
 - ``settings``: the training settings as they act (precision resolved, a warm round's epochs), torch-free.
 """
-
-
-def __getattr__(name: str):  # the old module epr/encoder.py's names, deprecated
-    from epr._moved import old_attribute
-
-    return old_attribute("encoder", "model", name)

@@ -8,9 +8,3 @@
 - ``learned``: ``tqa_labels`` / ``tqa_encoders`` (EPR's labels and k-fold dual encoders as relevance);
   ``common``: the keys, cache folders and scorer the stages share.
 """
-
-
-def __getattr__(name: str):  # the old module epr/truthfulqa.py's names, deprecated
-    from epr._moved import old_attribute
-
-    return old_attribute("truthfulqa", "sets", name)
