@@ -1,10 +1,14 @@
-"""``epr``: one subcommand per stage, ``run`` (what is stale) and ``status``, and ``inspect``, ``export``, ``demo``,
-``config``, ``cache``, ``truthfulqa``, ``serve``.
+"""``epr``: what a user types. ``demo`` (the whole pipeline on the packaged demo set), ``run`` (every stale stage,
+the recipe's rounds, ``select``, the comparison) and ``status``; ``export`` and ``serve`` (the trained retriever,
+shipped); ``inspect``, ``config``, ``cache``, ``experiment`` and ``truthfulqa``. One stage alone: ``epr stage NAME``
+(``epr stage`` lists them; ``epr NAME`` works too, as accelerate launches it).
 
 Examples::
 
+    epr demo
     epr status -c configs/mtop.yaml
     epr run -c configs/mtop.yaml --until labels --set candidates.num_queries=1000
+    epr stage scores -c configs/mtop.yaml
     accelerate launch --num_processes 2 -m epr.cli scores -c configs/mtop.yaml
 
 A failure the user can fix (a file, a setting, a missing step, an unreachable server) is one paragraph on stderr
@@ -48,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also other libraries' INFO lines (accelerate's checkpoints, ...)",
     )
-    sub = p.add_subparsers(dest="cmd", required=True)
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
     sub.add_parser("status", parents=[common], help="show each stage as fresh, stale or missing")
     r = sub.add_parser("run", parents=[common], help="run every stale stage up to --until")
     r.add_argument(
@@ -64,8 +68,13 @@ def build_parser() -> argparse.ArgumentParser:
         choices=sorted([*STAGES, *ALIASES]),
         help="rerun this stage even if fresh",
     )
-    for name in [*STAGES, *ALIASES]:
-        s = sub.add_parser(name, parents=[common], help=f"run the {name} stage (its upstream must be fresh)")
+    sub.add_parser(
+        "stage", help="run one stage (its upstream must be fresh): epr stage NAME; epr stage lists them"
+    )
+    for name in [*STAGES, *ALIASES]:  # off the front page (no help=): `epr stage NAME` or `epr NAME`
+        s = sub.add_parser(
+            name, parents=[common], description=f"run the {name} stage (its upstream must be fresh)"
+        )
         s.add_argument("--force", action="store_true")
     i = sub.add_parser("inspect", parents=[common], help="show what each retriever picks for one query")
     i.add_argument("query")
@@ -270,6 +279,18 @@ def _main(argv: list[str]) -> int:
 
         llamacpp_server.main(argv[1:])
         return 0
+    if argv[:1] == ["stage"]:  # epr stage NAME ...: the stage's own subcommand
+        from epr.pipeline import ALIASES, STAGES
+
+        if len(argv) < 2 or argv[1] not in {*STAGES, *ALIASES}:
+            sys.stdout.write(
+                "epr stage NAME [-c CONFIG] [--set KEY=VALUE] [--force]: run one stage (its upstream must be "
+                "fresh; epr run runs what is stale up to a stage). Stages, in run order:\n  "
+                + "\n  ".join(STAGES)
+                + "\n"
+            )
+            return 0 if len(argv) < 2 or argv[1] in ("-h", "--help") else 2
+        argv = argv[1:]
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
     if args.cmd == "experiment" and rest and not any(r.startswith("-") for r in rest):
