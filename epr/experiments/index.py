@@ -42,6 +42,16 @@ def _p(v) -> str:
 fmt_p = _p  # the index's p format, for the README test
 
 
+def _mean_test(row: Mapping | None, field: str) -> str:
+    """Beside a Wilcoxon p (a test of a median shift), the t-test of the mean gain where the row has it: what a claim
+    about the mean rests on."""
+    t = {"p_wilcoxon": "p_ttest"}.get(field) or (
+        field.replace("logprob_p_vs_", "logprob_ttest_p_vs_") if field.startswith("logprob_p_vs_") else None
+    )
+    p = lookup(row, t) if t else None
+    return f" [mean: t-test {_p(p)}]" if isinstance(p, (int, float)) else ""
+
+
 def family(
     exps: list[Experiment], rows: Mapping[str, dict]
 ) -> dict[tuple[str, str, str], tuple[float, float]]:
@@ -200,6 +210,7 @@ def _build(results: Path) -> tuple[str, dict[str, str], list[dict]]:
             for i, e in enumerate(looks, 1):
                 tests = "; ".join(
                     f"{t.says}: {_p(fam[(e.name, t.row, t.field)][0])} ({_p(fam[(e.name, t.row, t.field)][1])})"
+                    + _mean_test(rows[e.name].get(t.row), t.field)
                     for t in e.tests
                     if (e.name, t.row, t.field) in fam
                 )
@@ -240,7 +251,9 @@ def _build(results: Path) -> tuple[str, dict[str, str], list[dict]]:
         "check` fails where a folder's declared date, split or pre-registration disagrees with git",
         "(`epr experiment ledger` prints git's ledger, with every commit that revealed more of a look's rows). From "
         f"{PREREGISTERED_FROM} UTC on, a recipe is evaluated on a locked split once, after a pre-registration",
-        "committed before its rows; a change to it after the look is listed here, naming its commit.",
+        "committed before its rows; a change to it after the look is listed here, naming its commit. A Wilcoxon p",
+        "tests a shift of the median gain; where a claim is about the mean gain, the t-test beside it says whether",
+        "the mean holds (`[mean: t-test p]`).",
         "",
         *ledger_lines,
         "## Every folder",
