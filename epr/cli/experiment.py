@@ -111,86 +111,104 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from epr.experiments import check as checking
-    from epr.experiments import declaration, declare, index
-
     # a folder named by its name alone is the one under --results (where it is not a folder here)
     args.folders = [f if f.exists() or f.is_absolute() or not (args.results / f).exists() else args.results / f
                     for f in args.folders]  # fmt: skip
-    from epr.types import InputError
+    return ACTIONS[args.action](args)
 
-    if args.action == "check":
-        targets = args.folders or checking.folders(args.results)
-        bad = 0
-        for f in targets:
-            try:
-                problems = checking.check(f)
-            except (
-                InputError
-            ) as e:  # a declaration that does not load: this folder fails, the others are checked
-                problems = [str(e)]
-            bad += bool(problems)
-            say(f"{'FAIL' if problems else 'ok  '} {f.name}")
-            for p in problems:
-                say(f"     {p}")
-        say(f"{len(targets) - bad} of {len(targets)} folders recompute to what they declare")
-        if not args.folders:  # the whole tree: its declarations against git's history too
-            bad += _history(args.results, ledger=False)
-        return 1 if bad else 0
-    if args.action == "digest":
-        from epr.experiments import digests
 
-        if not args.folders:
-            raise SystemExit(
-                "epr experiment digest: give the results folders to pin (their files as they are now)"
-            )
-        for f in args.folders:
-            say(f"pinned {len(digests.pinned(f))} files in {digests.write(f)}")
-        return 0
-    if args.action == "ledger":
-        return 1 if _history(args.results, ledger=True) else 0
-    if args.action == "show":
-        if not args.folders:
-            raise SystemExit("epr experiment show: give one or more results folders")
-        for f in args.folders:
-            for line in checking.show(f):
-                say(line)
-        return 0
-    if args.action == "index":
-        text, readmes = index.build(args.results)
-        if args.check:
-            stale = [] if (args.results / "README.md").read_text() == text else ["README.md"]
-            stale += [
-                f"{n}/README.md"
-                for n, t in readmes.items()
-                if not (args.results / n / "README.md").exists()
-                or (args.results / n / "README.md").read_text() != t
-            ]
-            for s in stale:
-                say(f"stale: {args.results / s} (run: epr experiment index)")
-            return 1 if stale else 0
-        for p in index.write(args.results):
-            say(f"wrote {p}")
-        return 0
-    if args.action == "record":
-        from epr.experiments.record import record, record_side
+def _check(args: argparse.Namespace) -> int:
+    from epr.experiments import check as checking
 
-        if len(args.folders) != 2:
-            raise SystemExit("epr experiment record: give the run folder and the results folder")
-        run_dir, folder = args.folders
-        if args.side:
-            decl = record_side(run_dir, folder, args.side, args.part or "dev", args.overwrite)
-            say(f"wrote {decl}: its extra names the pairs and the gap; write its title, status and outcome")
-        else:
-            decl = record(run_dir, folder, args.part or "locked", args.overwrite)
-            say(f"wrote {decl}: write its title, status and outcome")
-        return 0
-    if args.action == "declare":
-        for f in args.folders:
-            say(
-                f"wrote {declare.write_draft(f, overwrite=args.overwrite)}: write its title, status and outcome"
-            )
-        return 0
+    targets = args.folders or checking.folders(args.results)
+    bad = 0
+    for f in targets:
+        try:
+            problems = checking.check(f)
+        except InputError as e:  # a declaration that does not load: this folder fails, the others are checked
+            problems = [str(e)]
+        bad += bool(problems)
+        say(f"{'FAIL' if problems else 'ok  '} {f.name}")
+        for p in problems:
+            say(f"     {p}")
+    say(f"{len(targets) - bad} of {len(targets)} folders recompute to what they declare")
+    if not args.folders:  # the whole tree: its declarations against git's history too
+        bad += _history(args.results, ledger=False)
+    return 1 if bad else 0
+
+
+def _digest(args: argparse.Namespace) -> int:
+    from epr.experiments import digests
+
+    if not args.folders:
+        raise SystemExit(
+            "epr experiment digest: give the results folders to pin (their files as they are now)"
+        )
+    for f in args.folders:
+        say(f"pinned {len(digests.pinned(f))} files in {digests.write(f)}")
+    return 0
+
+
+def _show(args: argparse.Namespace) -> int:
+    from epr.experiments import check as checking
+
+    if not args.folders:
+        raise SystemExit("epr experiment show: give one or more results folders")
+    for f in args.folders:
+        for line in checking.show(f):
+            say(line)
+    return 0
+
+
+def _index(args: argparse.Namespace) -> int:
+    from epr.experiments import index
+
+    text, readmes = index.build(args.results)
+    if args.check:
+        stale = [] if (args.results / "README.md").read_text() == text else ["README.md"]
+        stale += [
+            f"{n}/README.md"
+            for n, t in readmes.items()
+            if not (args.results / n / "README.md").exists()
+            or (args.results / n / "README.md").read_text() != t
+        ]
+        for s in stale:
+            say(f"stale: {args.results / s} (run: epr experiment index)")
+        return 1 if stale else 0
+    for p in index.write(args.results):
+        say(f"wrote {p}")
+    return 0
+
+
+def _record(args: argparse.Namespace) -> int:
+    from epr.experiments.record import record, record_side
+
+    if len(args.folders) != 2:
+        raise SystemExit("epr experiment record: give the run folder and the results folder")
+    run_dir, folder = args.folders
+    if args.side:
+        decl = record_side(run_dir, folder, args.side, args.part or "dev", args.overwrite)
+        say(f"wrote {decl}: its extra names the pairs and the gap; write its title, status and outcome")
+    else:
+        decl = record(run_dir, folder, args.part or "locked", args.overwrite)
+        say(f"wrote {decl}: write its title, status and outcome")
+    return 0
+
+
+def _declare(args: argparse.Namespace) -> int:
+    from epr.experiments import declare
+
+    for f in args.folders:
+        say(f"wrote {declare.write_draft(f, overwrite=args.overwrite)}: write its title, status and outcome")
+    return 0
+
+
+def _rerun(args: argparse.Namespace) -> int:
+    """``epr experiment run FOLDER``: its declared commands, templates filled, into a rerun folder; then the
+    rerun's rows against the numbers the folder declares, within their tolerances."""
+    from epr.experiments import check as checking
+    from epr.experiments import declaration
+
     if len(args.folders) != 1:
         raise SystemExit("epr experiment run: give one results folder")
     exp = declaration.load(args.folders[0])
@@ -221,12 +239,23 @@ def run(args: argparse.Namespace) -> int:
             return done.returncode
     if args.dry_run:
         return 0
-    # the rerun's rows against the numbers the folder declares, within their tolerances
     problems = checking.check(exp.folder, rows_from=into)
     for p in problems:
         say(p)
     say(f"{exp.name}: the rerun {'differs' if problems else 'reproduces every declared number'} ({into})")
     return 1 if problems else 0
+
+
+ACTIONS = {
+    "check": _check,
+    "show": _show,
+    "index": _index,
+    "ledger": lambda args: 1 if _history(args.results, ledger=True) else 0,
+    "digest": _digest,
+    "declare": _declare,
+    "run": _rerun,
+    "record": _record,
+}
 
 
 CURVE = ("scripts/learning_curve.py", "scripts/mtop_curve.py")

@@ -146,6 +146,47 @@ def _pair_headline(name: str, got: Mapping[str, dict], metric: str = "em") -> tu
     }
 
 
+def _ledger(ds: str, mine: list[Experiment], rows: Mapping[str, dict], fam: Mapping) -> list[str]:
+    """One dataset's ledger table: its locked looks in date order (checked against git's), each with its
+    pre-registration, the changes after the look, its outcome and its tests with Holm; then what Holm changes."""
+    lines: list[str] = []
+    looks = sorted((e for e in mine if e.locked), key=lambda e: (e.date, e.name))
+    if not looks:
+        return []
+    lines += [f"### {ds}: {len(looks)} looks at locked examples", ""]
+    lines += [
+        "| # | date | folder | pre-registered | outcome | tests: p (Holm) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for i, e in enumerate(looks, 1):
+        tests = "; ".join(
+            f"{t.says}: {_p(fam[(e.name, t.row, t.field)][0])} ({_p(fam[(e.name, t.row, t.field)][1])})"
+            + _mean_test(rows[e.name].get(t.row), t.field)
+            for t in e.tests
+            if (e.name, t.row, t.field) in fam
+        )
+        pre = f"[yes]({os.path.normpath(f'{e.name}/{e.preregistration}')})" if e.preregistration else "no"
+        if e.status == "planned":
+            pre += f" (planned: {_recorded(e)})"
+        if e.after_look:
+            pre += f"; changed after the look: {'; '.join(e.after_look)}"
+        lines.append(f"| {i} | {e.date} | [{e.name}]({e.name}/) | {pre} | {e.outcome} | {tests} |")
+    lines.append("")
+    says = {(e.name, t.row, t.field): t.says for e in looks for t in e.tests}
+    lost = [f"{k[0]}: {says[k]} ({_p(p)}, Holm {_p(h)})" for k, (p, h) in fam.items() if p < 0.05 <= h]
+    lines += [
+        f"Holm runs over all {len(fam)} tests above, the comparisons of two folders' rows included "
+        f"(`comparisons` in a declaration, recomputed as `cmp:` rows). "
+        + (
+            "Below 0.05 alone, not after Holm: " + "; ".join(lost) + "."
+            if lost
+            else "Every test below 0.05 alone stays below it after Holm."
+        ),
+        "",
+    ]
+    return lines
+
+
 def build(results: Path) -> tuple[str, dict[str, str]]:
     """``results/README.md``'s text and the generated READMEs of folders that have none (folder -> text)."""
     text, readmes, _ = _build(results)
@@ -200,47 +241,7 @@ def _build(results: Path) -> tuple[str, dict[str, str], list[dict]]:
                     f"{'' if h.get('p_t') is None else ', ' + _p(h['p_t'])}) | {_fmt(h.get('gap'), '.2f')} |"
                 )
             out.append("")
-        looks = sorted((e for e in mine if e.locked), key=lambda e: (e.date, e.name))
-        if looks:
-            ledger_lines += [f"### {ds}: {len(looks)} looks at locked examples", ""]
-            ledger_lines += [
-                "| # | date | folder | pre-registered | outcome | tests: p (Holm) |",
-                "|---|---|---|---|---|---|",
-            ]
-            for i, e in enumerate(looks, 1):
-                tests = "; ".join(
-                    f"{t.says}: {_p(fam[(e.name, t.row, t.field)][0])} ({_p(fam[(e.name, t.row, t.field)][1])})"
-                    + _mean_test(rows[e.name].get(t.row), t.field)
-                    for t in e.tests
-                    if (e.name, t.row, t.field) in fam
-                )
-                pre = (
-                    f"[yes]({os.path.normpath(f'{e.name}/{e.preregistration}')})"
-                    if e.preregistration
-                    else "no"
-                )
-                if e.status == "planned":
-                    pre += f" (planned: {_recorded(e)})"
-                if e.after_look:
-                    pre += f"; changed after the look: {'; '.join(e.after_look)}"
-                ledger_lines.append(
-                    f"| {i} | {e.date} | [{e.name}]({e.name}/) | {pre} | {e.outcome} | {tests} |"
-                )
-            ledger_lines.append("")
-            says = {(e.name, t.row, t.field): t.says for e in looks for t in e.tests}
-            lost = [
-                f"{k[0]}: {says[k]} ({_p(p)}, Holm {_p(h)})" for k, (p, h) in fam.items() if p < 0.05 <= h
-            ]
-            ledger_lines += [
-                f"Holm runs over all {len(fam)} tests above, the comparisons of two folders' rows included "
-                f"(`comparisons` in a declaration, recomputed as `cmp:` rows). "
-                + (
-                    "Below 0.05 alone, not after Holm: " + "; ".join(lost) + "."
-                    if lost
-                    else "Every test below 0.05 alone stays below it after Holm."
-                ),
-                "",
-            ]
+        ledger_lines += _ledger(ds, mine, rows, fam)
     points = gap_points(exps, rows)
     out += cost_table(points, DATASETS)
     out += [
