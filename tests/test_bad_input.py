@@ -269,7 +269,7 @@ def test_truthfulqa_stages_refused_for_another_task(cmd, tmp_path, capsys):
     p.write_text(jsonl(GOOD))
     rc, err = cli(capsys, *cmd, *own_sets(tmp_path, p))
     assert_clean_error(
-        rc, err, "a TruthfulQA stage, and this config's task is 'jsonl'", "configs/truthfulqa.yaml"
+        rc, err, "a truthfulqa stage, and this config's task is 'jsonl'", "configs/truthfulqa.yaml"
     )
     assert not list((tmp_path / "runs").glob("*/tqa_*"))  # no folder made
 

@@ -130,7 +130,7 @@ def test_export_warns_when_the_run_is_not_what_these_settings_make(
     changed since the run), it says so, naming the stage, instead of shipping an older encoder without a word."""
     import logging
 
-    from epr.cli import _not_fresh
+    from epr.cli.ending import not_fresh as _not_fresh
     from epr.context import Context
 
     from .test_own_data import own_config

@@ -269,7 +269,7 @@ def test_epr_export_ships_the_selection_or_the_mode_asked_for(run, tmp_path):
 def test_status_says_when_the_served_choice_is_not_these_settings(run, minilm_dir):
     """``epr status``'s served-retriever line marks a choice made under other settings (a stale select stage), and
     one left by an earlier run when these settings run no select stage; a fresh choice carries no note."""
-    from epr.cli import _selection_line
+    from epr.cli.ending import selection_line as _selection_line
     from epr.context import Context
     from epr.pipeline import stage_fingerprint
 

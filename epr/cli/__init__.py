@@ -24,6 +24,7 @@ import os
 import sys
 from pathlib import Path
 
+from epr.cli.ending import label_cost_line, not_fresh, run_demo, selection_line
 from epr.cli.ends import READERS, Terminated, debug_flag, explain, terminate_as_interrupt
 
 __all__ = ["main", "build_parser", "context_from_args", "explain"]
@@ -157,79 +158,6 @@ def context_from_args(args: argparse.Namespace):
     return Context(load_config(paths, args.set), Dist.from_env())
 
 
-def _selection_line(ctx) -> str:
-    """What ``epr run`` / ``epr status`` say of the served retriever: the select stage's choice and why."""
-    from epr.stages.select import read_selection
-
-    rep = read_selection(ctx.cfg.run_dir)
-    if rep is None:
-        return ""
-    stale = _not_fresh(ctx, ["select"])
-    if stale == ["select not run"]:
-        note = "; from an earlier run of this folder: these settings run no select stage (select.size 0)"
-    else:
-        note = f"; stale: chosen under other settings than these ({stale[0]})" if stale else ""
-    return (
-        f"served retriever: {rep['selected']} ({rep['reason']}); report: "
-        f"{ctx.stage_dir('select') / 'report.json'}{note}\n"
-    )
-
-
-def _not_fresh(ctx, stages: list[str]) -> list[str]:
-    """``"<stage> <state>"`` for each of ``stages`` not fresh under this config: stale (its settings or upstream
-    changed since it ran), missing (never finished), or ``not run`` (these settings run no such stage)."""
-    from epr import pipeline
-    from epr.cache import stage_state
-
-    wanted = pipeline.upstream(ctx, pipeline.final_stage(ctx))
-    states = {
-        n: stage_state(ctx.stage_dir(n), pipeline.stage_fingerprint(ctx, n)) if n in wanted else "not run"
-        for n in stages
-    }
-    return [f"{n} {s}" for n, s in states.items() if s != "fresh"]
-
-
-def _label_cost_line(ctx) -> str:
-    """What ``epr status`` says of the labels' LM cost (every round scored so far; ``epr.stages.evaluate``)."""
-    from epr.stages.evaluate import label_cost
-    from epr.types import UpstreamError
-
-    try:
-        cost = label_cost(ctx)
-    except (UpstreamError, OSError):  # a round not scored yet
-        return ""
-    if not cost:
-        return ""
-    rounds = "; ".join(
-        f"round {r['round']} {r['examples']:,} examples, {r['sequences']:,} sequences"
-        + (f" ({r['new']:,} new)" if r["new"] != r["sequences"] else "")
-        for r in cost["rounds"]
-    )
-    return f"labels' LM cost: {rounds}; {cost['scored_sequences']:,} distinct sequences scored\n"
-
-
-def run_demo(ctx) -> int:
-    """Every stage on the packaged demo set, then the comparison table in the terminal."""
-    import time
-
-    from epr import pipeline
-
-    t0 = time.time()
-    pipeline.run(ctx, until="evaluate")
-    out = ctx.stage_dir("evaluate")
-    sys.stdout.write("\n" + (out / "results.md").read_text() + "\n")
-    sys.stdout.write(
-        f"Done in {time.time() - t0:.0f} s. Everything is under {ctx.cfg.run_dir}/:\n"
-        f"  labels        {ctx.stage_dir('labels') / 'labels.jsonl'}\n"
-        f"  encoder       {ctx.stage_dir('encoder') / 'model'} (training curve: training_curve.png)\n"
-        f"  comparison    {out / 'results.md'}, results.csv, em.png, report.html\n"
-        f"  per query     {out / 'per_query.jsonl'}\n"
-        + _selection_line(ctx)
-        + 'Next: epr inspect "turn on the garage lights"   (what each retriever picks)\n'
-    )
-    return 0
-
-
 def own_lines(record: logging.LogRecord) -> bool:
     """The log filter of a command without ``--verbose``: epr's own lines at the chosen level, other libraries'
     (accelerate's checkpoint notes, transformers', ...) from WARNING up."""
@@ -354,7 +282,7 @@ def _dispatch(ctx, args: argparse.Namespace) -> int:
     if args.cmd == "status":
         for label, state, path, kept in pipeline.status_rows(ctx, pipeline.final_stage(ctx)):
             sys.stdout.write(f"{label:<18} {state:<8} {path}" + (f"  ({kept})" if kept else "") + "\n")
-        sys.stdout.write(_selection_line(ctx) + _label_cost_line(ctx))
+        sys.stdout.write(selection_line(ctx) + label_cost_line(ctx))
         return 0
     if args.cmd == "demo":
         return run_demo(ctx)
@@ -362,7 +290,7 @@ def _dispatch(ctx, args: argparse.Namespace) -> int:
         from epr.api import PromptRetriever
 
         r = PromptRetriever.from_run(ctx.cfg.run_dir, mode=args.mode)
-        stale = _not_fresh(ctx, ["encoder"] if args.mode else ["encoder", "select"])
+        stale = not_fresh(ctx, ["encoder"] if args.mode else ["encoder", "select"])
         if stale:  # the folder ships what the run holds, which these settings would not have made
             logging.getLogger("epr.cli").warning(
                 "epr export: %s: %s under these settings (stale: the -c/--set differ from the run's; missing: not "
@@ -389,7 +317,7 @@ def _dispatch(ctx, args: argparse.Namespace) -> int:
             sys.stdout.write(
                 f"ran: {', '.join(ran) or 'nothing (all fresh)'}; outputs in {ctx.cfg.run_dir}\n"
             )
-            sys.stdout.write(_selection_line(ctx))
+            sys.stdout.write(selection_line(ctx))
             res = ctx.stage_dir("evaluate") / "results.md"
             if res.exists() and (args.until or pipeline.final_stage(ctx)) in ("evaluate", "compare"):
                 sys.stdout.write(f"comparison: {res}\n")

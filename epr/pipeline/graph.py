@@ -71,6 +71,7 @@ class Stage:
         Callable[[Context, Path, str], dict | None] | SubRun
     )  # run_<stage> of an epr.stages module, or a sub-run
     distributed: bool = False  # every process runs it (else: the main process only)
+    task: str | None = None  # the one task whose data it reads (TruthfulQA's stages); None: every EPR task
 
 
 def _encoder_fp(ctx: Context) -> str:
@@ -131,7 +132,10 @@ STAGES: dict[str, Stage] = {
         Stage("select", _const("examples", "encoder"), _select_keys, select.run_select),
         Stage("evaluate", _evaluate_deps, lambda c: {"task": c.cfg.data.task}, evaluate.run_evaluate),
         # TruthfulQA (RAGSys, SPEC 3): demonstration sets -> log-probabilities -> tables (``epr truthfulqa``)
-        *[Stage(n, d if callable(d) else _const(*d), k, f, *rest) for n, d, k, f, *rest in tqa.STAGE_SPECS],
+        *[
+            Stage(n, d if callable(d) else _const(*d), k, f, *rest, task="truthfulqa")
+            for n, d, k, f, *rest in tqa.STAGE_SPECS
+        ],
     ]
 }
 ALIASES = {"compare": "evaluate"}  # the back half's old single stage: ``--until compare`` still works
@@ -162,7 +166,11 @@ def upstream(ctx: Context, target: str) -> list[str]:
 
 def final_stage(ctx: Context) -> str:
     """The last stage of this config's run: TruthfulQA's report, or the EPR pipeline's evaluation."""
-    return "tqa_report" if ctx.cfg.data.task == "truthfulqa" else "evaluate"
+    task = ctx.cfg.data.task
+    own = [
+        n for n, st in STAGES.items() if st.task == task
+    ]  # a task with stages of its own ends with its last
+    return own[-1] if own else "evaluate"
 
 
 ROUND_STAGES = ("candidates", "scores", "labels", "encoder")  # what each round runs anew

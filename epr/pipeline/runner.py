@@ -20,12 +20,13 @@ log = logging.getLogger(__name__)
 
 
 def check_task_stage(ctx: Context, name: str) -> None:
-    """TruthfulQA's stages (``tqa_*``) read TruthfulQA's questions and answers: refused, before any folder is made,
-    for a config of another task."""
-    if name.startswith("tqa_") and ctx.cfg.data.task != "truthfulqa":
+    """A stage that belongs to one task (``Stage.task``: TruthfulQA's ``tqa_*`` read its questions and answers) is
+    refused, before any folder is made, for a config of another task; so is ``select`` with selection off."""
+    stage = STAGES.get(ALIASES.get(name, name))
+    if stage is not None and (task := stage.task) is not None and ctx.cfg.data.task != task:
         raise ConfigError(
-            f"{name}: a TruthfulQA stage, and this config's task is {ctx.cfg.data.task!r} (its last stage is "
-            f"{final_stage(ctx)}); TruthfulQA runs with -c configs/truthfulqa.yaml"
+            f"{name}: a {task} stage, and this config's task is {ctx.cfg.data.task!r} (its last stage is "
+            f"{final_stage(ctx)}); it runs with -c configs/{task}.yaml"
         )
     if (
         name == "select" and ctx.cfg.select.size <= 0

@@ -441,7 +441,7 @@ def test_evaluate_reports_the_labels_cost_and_the_gap_captured(tmp_path, tiny, t
     md = (ctx.stage_dir("evaluate") / "results.md").read_text()
     assert f"Labels: {cost['scored_sequences']:,} LM-scored sequences in all" in md
     assert "Share of the BM25 -> LM-Oracle gap captured" in md
-    from epr.cli import _label_cost_line
+    from epr.cli.ending import label_cost_line as _label_cost_line
 
     line = _label_cost_line(ctx)  # what `epr status` says of the same run
     assert f"{cost['scored_sequences']:,} distinct sequences scored" in line
