@@ -35,7 +35,6 @@ __all__ = ["main", "build_parser", "context_from_args", "explain"]
 
 def build_parser() -> argparse.ArgumentParser:
     from epr.pipeline import ALIASES, STAGES
-    from epr.retrieval.modes import MODES
 
     p = argparse.ArgumentParser(
         prog="epr", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -80,21 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     i = sub.add_parser("inspect", parents=[common], help="show what each retriever picks for one query")
     i.add_argument("query")
     i.add_argument("-k", type=int, default=5)
-    e = sub.add_parser(
-        "export", parents=[common], help="write the run's trained retriever as a shippable folder"
-    )
-    e.add_argument("out", help="folder to write (PromptRetriever.from_pretrained loads it)")
-    e.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="replace a non-empty OUT (never inside the run folder or the run root, nor a folder above the run, "
-        "the current or the home folder)",
-    )
-    e.add_argument(
-        "--mode",
-        choices=MODES,
-        help="the retriever to serve (default: what the run's select stage chose, else epr)",
-    )
+    _export_parser(sub, common)
     sub.add_parser(
         "demo",
         parents=[common],
@@ -126,6 +111,26 @@ def build_parser() -> argparse.ArgumentParser:
         add_help=False,
     )
     return p
+
+
+def _export_parser(sub, common: argparse.ArgumentParser) -> None:
+    from epr.retrieval.modes import MODES
+
+    e = sub.add_parser(
+        "export", parents=[common], help="write the run's trained retriever as a shippable folder"
+    )
+    e.add_argument("out", help="folder to write (PromptRetriever.from_pretrained loads it)")
+    e.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace a non-empty OUT (never inside the run folder or the run root, nor a folder above the run, "
+        "the current or the home folder)",
+    )
+    e.add_argument(
+        "--mode",
+        choices=MODES,
+        help="the retriever to serve (default: what the run's select stage chose, else epr)",
+    )
 
 
 DEMO_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "demo.yaml"
