@@ -50,7 +50,8 @@ def _history(results: Path, ledger: bool) -> int:
     exps = history.load_all(results)
     if ledger:
         for ds, lks in history.ledger(h, exps).items():
-            say(f"{ds}: {len(lks)} looks, {sum(len(lk.reveals) for lk in lks)} commits revealing locked rows")
+            commits = len({i for lk in lks for i in lk.reveals})
+            say(f"{ds}: {len(lks)} looks, {commits} commits revealing locked rows")
             for k, lk in enumerate(lks, 1):
                 more = ", ".join(f"{h.short(i)} {h.date(i)}" for i in lk.reveals[1:])
                 pre = "no pre-registration" if lk.prereg is None else f"pre-registered {h.date(lk.prereg)}"
