@@ -4,7 +4,7 @@
 # held-out pool examples (select; no evaluation example is read).
 set -e
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-E="/work/venv/bin/python -m epr.cli"
+E="{venv}/bin/python -m epr.cli"
 S="--set models.dtype=fp32"
 B="$S --set candidates.rounds=1 --set candidates.miner=retriever --set candidates.mine_run=mtop/rounds/round-1"
 # (benchmarks.training --precision ran first: benchmarks/results/training-precision-zen4.md)
