@@ -20,6 +20,7 @@ import numpy as np
 from epr.types import InputError
 
 __all__ = [
+    "sha256_file",
     "read_json",
     "atomic_write_text",
     "atomic_write_bytes",
@@ -384,3 +385,14 @@ def save_npy(path: str | Path, array: np.ndarray) -> None:
 
 def load_npy(path: str | Path) -> np.ndarray:
     return np.load(path, allow_pickle=False)
+
+
+def sha256_file(path: Path) -> str:
+    """The full sha256 of a file's bytes, read in 1 MiB blocks (shipped files, pinned results files)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()

@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from epr.artifacts import apply_umask, atomic_write_text, dir_mode, read_jsonl, write_jsonl
+from epr.artifacts import apply_umask, atomic_write_text, dir_mode, read_jsonl, sha256_file, write_jsonl
 from epr.cache import read_manifest
 from epr.model_card import model_card, restate_served, run_card
 from epr.types import Example, InputError
@@ -120,17 +120,9 @@ def _tidy(out: Path) -> None:
             shutil.rmtree(p, ignore_errors=True)
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _file_list(root: Path) -> dict[str, dict]:
     return {
-        p.relative_to(root).as_posix(): {"size": p.stat().st_size, "sha256": _sha256(p)}
+        p.relative_to(root).as_posix(): {"size": p.stat().st_size, "sha256": sha256_file(p)}
         for p in sorted(root.rglob("*"))
         if p.is_file() and p.relative_to(root).as_posix() != MANIFEST
     }
@@ -159,7 +151,7 @@ def verify(path: Path) -> None:
         size = f.stat().st_size
         if size != want["size"]:
             raise InputError(f"{f}: corrupt: {size} bytes, {MANIFEST} says {want['size']}; {fix}")
-        if _sha256(f) != want["sha256"]:
+        if sha256_file(f) != want["sha256"]:
             raise InputError(f"{f}: corrupt: its sha256 differs from the one in {MANIFEST}; {fix}")
 
 

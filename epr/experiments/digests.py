@@ -9,11 +9,11 @@ that pins nothing. ``epr experiment digest FOLDER`` (and ``record``) writes the 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from pathlib import Path
 
+from epr.artifacts import sha256_file
 from epr.experiments.declaration import FILE
 
 __all__ = ["pinned", "digest", "problems", "write", "KEY"]
@@ -32,16 +32,8 @@ def pinned(folder: Path) -> list[Path]:
     )
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def digest(folder: Path) -> dict[str, str]:
-    return {p.as_posix(): _sha256(Path(folder) / p) for p in pinned(folder)}
+    return {p.as_posix(): sha256_file(Path(folder) / p) for p in pinned(folder)}
 
 
 def problems(folder: Path, declared: dict[str, str] | None) -> list[str]:
