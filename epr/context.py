@@ -8,10 +8,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from epr.artifacts import read_jsonl
+from epr.cache import read_manifest
 from epr.config import ExperimentConfig, PromptConfig
 from epr.types import ConfigError, Example, Ranking, UpstreamError
 
-__all__ = ["Context", "Dist"]
+__all__ = ["Context", "Dist", "Round"]
 
 log = logging.getLogger(__name__)
 
@@ -49,11 +50,62 @@ class Dist:
 COMPARING_STAGES = ("retrieve", "rerank", "prompts", "predict", "evaluate")
 
 
+@dataclass(frozen=True)
+class Round:
+    """Where a context stands among its run's training rounds: the one reader of ``candidates.rounds``,
+    ``candidates.miner`` and ``candidates.mine_run``. Made once per context (:attr:`Context.this_round`).
+
+    Round 1 of a run mines its candidates with BM25, or with the trained encoder of ``candidates.mine_run`` where
+    one is named (an outside run); round r + 1 of the same run re-mines with round r's encoder (``mixed`` when
+    ``candidates.miner`` is mixed, else ``retriever``), in ``<run_dir>/rounds/round-r/``."""
+
+    index: int  # this round among the run's in-run rounds: 1 = first, ``total`` = the run's own stages
+    total: int  # candidates.rounds
+    miner: str  # who mines this round's candidates: bm25, retriever or mixed
+    mine_dir: Path | None  # the run folder whose trained encoder mines them; None for BM25
+    outside: bool  # mined by candidates.mine_run's encoder (an outside run's round r + 1)
+    mine_run: str | None = None  # the name as configured, for messages
+
+    @classmethod
+    def of(cls, cfg: ExperimentConfig, index: int, prev_dir: Path | None) -> Round:
+        c = cfg.candidates
+        if index > 1:
+            return cls(index, c.rounds, "mixed" if c.miner == "mixed" else "retriever", prev_dir, False, None)
+        if c.mine_run is not None:
+            p = Path(c.mine_run)
+            if not p.exists() and (Path(cfg.run_root) / p).exists():
+                p = Path(cfg.run_root) / p  # a run name under run_root
+            return cls(1, c.rounds, c.miner, p, True, c.mine_run)
+        return cls(1, c.rounds, "bm25", None, False, None)
+
+    @property
+    def remined(self) -> bool:
+        """Mined by a trained encoder (this run's previous round or an outside run's), not by BM25 alone."""
+        return self.miner in ("retriever", "mixed")
+
+    def outside_identity(self) -> dict:
+        """What an outside ``mine_run``'s candidates come from, read from its manifests: its encoder's stage
+        fingerprint (``None`` while it is not trained: the candidates stage then refuses to run) and this round's
+        number (the mining run's round + 1)."""
+        enc, cand = read_manifest(self.mine_dir / "encoder"), read_manifest(self.mine_dir / "candidates")
+        return {
+            "encoder": None if enc is None else enc.get("fingerprint"),
+            "round": (cand or {}).get("round", 1) + 1,
+        }
+
+    def number(self) -> int:
+        """The training round this context's candidates belong to: 1 for BM25's; an in-run round's index plus the
+        rounds of an outside ``mine_run`` under round 1."""
+        first = self.outside_identity()["round"] if self.outside else 1
+        return first + self.index - 1
+
+
 @dataclass
 class Context:
     cfg: ExperimentConfig
     dist: Dist = field(default_factory=Dist)
     top: str | None = None  # a round sub-run's: the name of the run it is a round of
+    index: int | None = None  # a round sub-run's index among its run's rounds (None: the run itself)
     _formats: dict = field(default_factory=dict, repr=False, compare=False)  # prompt(inference) -> its format
     # round r - 1's context, made once: the chain of rounds is walked by every fingerprint of every later round
     _prev: list = field(default_factory=list, repr=False, compare=False)
@@ -70,13 +122,20 @@ class Context:
 
     @property
     def round(self) -> int:
-        """This run's round among its in-run rounds (``candidates.rounds``: the run's own stages are the last)."""
-        return self.cfg.candidates.rounds
+        """This context's round among its run's in-run rounds (the run's own stages are the last,
+        ``candidates.rounds``)."""
+        return self.cfg.candidates.rounds if self.index is None else self.index
+
+    @functools.cached_property
+    def this_round(self) -> Round:
+        """This round: its index, the total, who mines its candidates and from which run folder."""
+        prev = self.prev_round()
+        return Round.of(self.cfg, self.round, None if prev is None else prev.cfg.run_dir)
 
     def prev_round(self) -> Context | None:
         """Round r - 1 of this run (``<run_dir>/rounds/round-<r-1>/``), whose trained encoder mines this round's
-        candidates; ``None`` in round 1. Every round shares the run root (its score cache) and the process
-        layout."""
+        candidates; ``None`` in round 1. Made once. Every round shares the run's config (its run root, so its score
+        cache) but its name, and the process layout."""
         import dataclasses
 
         r = self.round
@@ -84,12 +143,8 @@ class Context:
             return None
         if not self._prev:
             top = self.top or self.cfg.name
-            cfg = dataclasses.replace(
-                self.cfg,
-                name=f"{top}/rounds/round-{r - 1}",
-                candidates=dataclasses.replace(self.cfg.candidates, rounds=r - 1),
-            )
-            self._prev.append(Context(cfg, self.dist, top))
+            cfg = dataclasses.replace(self.cfg, name=f"{top}/rounds/round-{r - 1}")
+            self._prev.append(Context(cfg, self.dist, top, r - 1))
         return self._prev[0]
 
     def rounds(self) -> list[Context]:

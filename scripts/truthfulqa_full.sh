@@ -19,4 +19,4 @@ for run in smollm2-fp32 smollm2-fp32-v0-fix gemma-bf16; do
     cp "$R"/*.md "$R"/*.json "$R"/*.csv "$R"/*.png "$R"/*.html "$R"/per_question.jsonl \
        "$OUT/$run/" 2>/dev/null || true
 done
-python -m epr.truthfulqa.findings "$OUT/smollm2-fp32" "$OUT/gemma-bf16" --out "$OUT/README.md"
+python -m epr.cli truthfulqa findings "$OUT/smollm2-fp32" "$OUT/gemma-bf16" --out "$OUT/README.md"

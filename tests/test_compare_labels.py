@@ -1,4 +1,4 @@
-"""scripts/compare_labels.py: two label sets of the same training examples compared on hand-made rows, and a
+"""epr experiment compare-labels: two label sets of the same training examples compared on hand-made rows, and a
 malformed row named by file and line."""
 
 from __future__ import annotations
@@ -74,7 +74,9 @@ def test_how_alike_two_lms_rank_the_same_candidates(cl):
 def test_the_summary_prints_when_no_example_shares_more_than_k(cl, tmp_path, capsys):
     rows = [{"qid": 1, "cands": [1, 2, 3], "cand_scores": [-1.0, -2.0, -3.0]}]
     a = _write(tmp_path / "a.jsonl", rows)
-    assert cl.main([str(a), str(a), "--k", "3"]) == 0
+    from epr.cli.tools import compare_labels_main
+
+    assert compare_labels_main([str(a), str(a), "--k", "3"]) == 0
     assert "Spearman 1.000" in capsys.readouterr().out
 
 

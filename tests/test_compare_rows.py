@@ -1,4 +1,4 @@
-"""scripts/compare_rows.py: two committed rows paired on the same examples agree with the curve's own paired tests
+"""epr experiment compare-rows: two committed rows paired on the same examples agree with the curve's own paired tests
 (value for value, on committed files), and rows of different examples are refused."""
 
 from __future__ import annotations
@@ -101,3 +101,22 @@ def test_a_runs_selection_slice_pairs_as_a_dense_row(cr, tmp_path):
         cr.compare(cr.load_side(f"{sl}:bm25"), cr.load_side(f"{other}:bm25"))
     with pytest.raises(ValueError, match="no 'sbert' column"):
         cr.load_side(f"{sl}:sbert")
+
+
+def test_the_command_prints_what_the_function_computes(capsys):
+    """``epr experiment compare-rows A B`` (epr/cli/tools.py) on two committed rows: its line carries the numbers of
+    ``compare``, and ``--json`` prints them whole; the script path older folders recorded reruns as this command."""
+    import json
+
+    from epr.cli import main
+    from epr.experiments import compare_rows
+
+    a, b = str(LOCKED / "rows" / "em-bm25.json.gz"), str(LOCKED / "rows" / "em-epr@2000-distill.json.gz")
+    want = compare_rows.compare(compare_rows.load_side(a), compare_rows.load_side(b), a, b)
+    assert main(["experiment", "compare-rows", a, b]) == 0
+    line = capsys.readouterr().out
+    assert f"A {want['em_a']:.1f}, B {want['em_b']:.1f}" in line and f"p = {want['p_mcnemar']:.2g}" in line
+    assert main(["experiment", "compare-rows", a, b, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == json.loads(json.dumps(want))
+    other = compare_rows.compare(compare_rows.load_side(b), compare_rows.load_side(a), b, a)
+    assert json.loads(json.dumps(other)) != json.loads(json.dumps(want))  # negative control: the sides matter

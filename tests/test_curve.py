@@ -1,4 +1,4 @@
-"""The learning curve's result rows (epr.reports.curve, used by scripts/learning_curve.py): seeds pooled, exact match
+"""The learning curve's result rows (epr.reports.curve, used by epr experiment curve): seeds pooled, exact match
 paired on the pooled predictions, the split and the fraction of the oracle gap in curve.json (synthetic rows: no
 model)."""
 
@@ -188,7 +188,7 @@ def test_each_dataset_curve_config_has_a_dev_and_a_locked_part_of_1000(dataset):
     for part in ("dev", "locked"):
         sets = [f"data.data_dir={ROOT.parent / 'shared' / 'data'}", f"data.eval_part={part}"]
         if part == "locked":
-            sets.append("retrieve.eval_limit=null")  # as scripts/learning_curve.py --split locked sets it
+            sets.append("retrieve.eval_limit=null")  # as epr experiment curve --split locked sets it
         cfg = load_config([str(path)], sets)
         assert (
             cfg.name == f"{dataset}-curve" and cfg.candidates.num_queries >= 2000 and cfg.candidates.L >= 16

@@ -185,12 +185,19 @@ def load_cfg(files: list[str], sets: list[str], created: dict[str, Path]):
 
 
 def check_epr(argv: list[str], created: dict[str, Path]) -> None:
+    from epr.cli.tools import TOOLS
+
     if argv[:1] == ["serve"]:  # its own parser (llama.cpp's server)
-        server = next(p for p in ROOT.glob("epr/**/llamacpp_server.py"))
-        check_flags(server, argv[1:])
+        check_flags(ROOT / "epr" / "cli" / "serve.py", argv[1:])
         return
     if argv[:2] == ["experiment", "curve"]:  # its own parser (the learning curve)
-        check_flags(ROOT / "epr" / "experiments" / "curve.py", argv[2:])
+        check_flags(ROOT / "epr" / "cli" / "curve.py", argv[2:])
+        return
+    if argv[:1] == ["experiment"] and argv[1:2] and argv[1] in TOOLS:  # the results tools' own parsers
+        check_flags(ROOT / "epr" / "cli" / "tools.py", argv[2:])
+        return
+    if argv[:2] == ["truthfulqa", "findings"]:
+        check_flags(ROOT / "epr" / "cli" / "truthfulqa.py", argv[2:])
         return
     err = io.StringIO()
     try:

@@ -1,4 +1,4 @@
-"""scripts/em_agreement.py and the exact-match method guards of epr.reports.curve, on hand-made rows."""
+"""epr experiment em-agreement and the exact-match method guards of epr.reports.curve, on hand-made rows."""
 
 from __future__ import annotations
 
@@ -50,7 +50,6 @@ def test_paired_tests_and_pooling_refuse_mixed_methods_and_rows_record_theirs():
 
 
 def test_the_script_prints_one_line_per_shared_row(tmp_path, capsys):
-    ea = importlib.import_module("epr.experiments.em_agreement")
     for d, method in (("gen", None), ("greedy", "greedy")):
         (tmp_path / d).mkdir()
         for name, c in (
@@ -59,6 +58,8 @@ def test_the_script_prints_one_line_per_shared_row(tmp_path, capsys):
         ):
             data = _row(c, method)
             (tmp_path / d / f"em-{name}.json.gz").write_bytes(gzip.compress(json.dumps(data).encode()))
-    assert ea.main([str(tmp_path / "gen"), str(tmp_path / "greedy")]) == 0
+    from epr.cli.tools import em_agreement_main
+
+    assert em_agreement_main([str(tmp_path / "gen"), str(tmp_path / "greedy")]) == 0
     out = capsys.readouterr().out
     assert "| epr@2000-distill | 4 | 75.0 | 75.0 | 0 | 0 | 100.00% | 0.5 / 0.5 |" in out

@@ -29,6 +29,14 @@ HELP = """Experiments as data: every results folder declares what it is (experim
     epr experiment record runs/mtop-4000 results/NEW --as r4000  # a run as one side of a slices folder
     epr experiment run results/FOLDER         # rerun it from scratch into runs/rerun/FOLDER (resumable), then
                                               # compare the rerun's rows with the numbers the folder declares
+
+The tools behind the folders, each with its own options (``epr experiment NAME --help``):
+
+    epr experiment curve -c configs/mtop_curve.yaml   # a learning curve (results/mtop-curve/)
+    epr experiment compare-rows A.json B.json          # two committed rows paired on the same examples
+    epr experiment compare-labels LABELS_A LABELS_B    # two label sets of the same training examples
+    epr experiment em-agreement GENERATED/rows GREEDY/rows   # exact match generated vs read off the gold pass
+    epr experiment collect NAME                        # a finished run's comparison into results/NAME/
 """
 
 
@@ -300,10 +308,15 @@ def _python(argv: list[str], into: Path, run_root: str) -> list[str] | None:
         argv = argv[1:]
     if argv[0] == "epr":
         return ["-m", "epr.cli", *argv[1:]]
+    from epr.cli.tools import TOOLS
+
+    for name, (_, script) in TOOLS.items():  # a results tool by the script path older folders recorded
+        if argv[0].endswith(script):
+            return ["-m", "epr.cli", "experiment", name, *argv[1:]]
     if any(argv[0].endswith(c) for c in CURVE):
         if "--from-rows" in argv:
             return None
-        out: list[str] = ["-m", "epr.experiments.curve"]
+        out: list[str] = ["-m", "epr.cli", "experiment", "curve"]
         skip = False
         for a in argv[1:]:
             if skip:

@@ -6,7 +6,8 @@ pipeline, with ``configs/truthfulqa.yaml`` unless ``-c`` names other configs. Ev
     epr truthfulqa --set truthfulqa.version=v0 --set models.dtype=fp32
     epr truthfulqa -c configs/truthfulqa_epr.yaml                  # + the learned retriever (tqa_labels, tqa_encoders)
 
-The same as ``epr run -c configs/truthfulqa.yaml --until tqa_report``.
+The same as ``epr run -c configs/truthfulqa.yaml --until tqa_report``. The paper's three findings across LMs, from
+finished runs' report folders: ``epr truthfulqa findings DIR [DIR ...] --out FILE.md``.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import argparse
 import sys
 from pathlib import Path
 
-__all__ = ["CONFIG", "STAGES", "add_parser", "run"]
+__all__ = ["CONFIG", "STAGES", "add_parser", "run", "findings_main"]
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "truthfulqa.yaml"
 STAGES = ("tqa_labels", "tqa_encoders", "tqa_contexts", "tqa_score", "tqa_report")
@@ -53,4 +54,20 @@ def run(args: argparse.Namespace) -> int:
         out = ctx.stage_dir("tqa_report")
         sys.stdout.write("\n" + (out / "results.md").read_text(encoding="utf-8"))  # the sweep included
         sys.stdout.write(f"\nran: {', '.join(ran) or 'nothing (all fresh)'}; report: {out / 'report.html'}\n")
+    return 0
+
+
+def findings_main(argv: list[str] | None = None) -> int:
+    """``epr truthfulqa findings``: the findings across LMs (``epr.truthfulqa.findings``)."""
+    from epr.truthfulqa import findings
+
+    p = argparse.ArgumentParser(
+        prog="epr truthfulqa findings",
+        description=findings.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("dirs", nargs="+", type=Path, help="tqa_report output folders, one per LM")
+    p.add_argument("--out", type=Path, required=True, help="the Markdown file to write (a .json beside it)")
+    args = p.parse_args(argv)
+    sys.stdout.write(findings.write_findings(args.dirs, args.out))
     return 0

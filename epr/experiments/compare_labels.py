@@ -1,6 +1,6 @@
 """Two label sets of the same training examples side by side: how good their candidates are by the LM's own scores.
 
-    python scripts/compare_labels.py runs/mtop-curve/labels runs/mtop-round2/labels     # round 1 vs round 2
+    epr experiment compare-labels runs/mtop-curve/labels runs/mtop-round2/labels     # round 1 vs round 2
 
 Reads each run's ``labels/labels.jsonl`` (the ``labels`` stage's output: every candidate's LM score
 log p(y | candidate, x) per training example) and reports, over the examples both hold: the share of candidates they
@@ -12,14 +12,11 @@ Where the two sets share candidates (the same candidates scored by two LMs: ``--
 reports how alike the two LMs rank them: the mean Spearman correlation of their scores over each example's shared
 candidates, and the share of A's top k (the positives, ``labels.k_pos``) among them that are B's top k too.
 
-    python scripts/compare_labels.py runs/mtop-curve/labels runs/mtop-gemma-labels/labels   # SmolLM2 vs Gemma
+    epr experiment compare-labels runs/mtop-curve/labels runs/mtop-gemma-labels/labels   # SmolLM2 vs Gemma
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -91,37 +88,3 @@ def compare(a: dict[int, dict], b: dict[int, dict], k: int = 3) -> dict:
         "median_b": float(med[:, 1].mean()),
         **agreement(a, b, q, k),
     }
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("a", type=Path, help="labels folder (or labels.jsonl) A")
-    ap.add_argument("b", type=Path, help="labels folder (or labels.jsonl) B")
-    ap.add_argument("--json", action="store_true", help="print the numbers as JSON")
-    ap.add_argument("--k", type=int, default=3, help="top k compared (labels.k_pos)")
-    args = ap.parse_args(argv)
-    c = compare(load(args.a), load(args.b), args.k)
-    if args.json:
-        print(json.dumps(c, indent=1))
-        return 0
-    print(
-        f"{c['examples']} training examples in both ({c['only_a']} only in A, {c['only_b']} only in B); "
-        f"candidates shared: {c['candidates_shared']:.1%}\n"
-        f"best candidate's LM score (mean, nats): A {c['best_a']:.2f}, B {c['best_b']:.2f}; "
-        f"B's best higher on {c['best_b_higher']:.1%}, lower on {c['best_b_lower']:.1%}\n"
-        f"median candidate's LM score (mean, nats): A {c['median_a']:.2f}, B {c['median_b']:.2f}"
-    )
-    if c["rank_agreement"] is not None or c["top_k_shared"] is not None:
-        rho, top = c["rank_agreement"], c["top_k_shared"]
-        print(
-            f"on the shared candidates: Spearman {'n/a' if rho is None else f'{rho:.3f}'} (mean over "
-            f"{c['rank_agreement_examples']} examples); A's top {c['top_k']} among B's: "
-            f"{'n/a (no example shares more than k)' if top is None else f'{top:.1%}'} (the same top "
-            f"{c['top_k']} on {c['top_k_identical'] or 0:.1%} of examples); score |A - B|: mean "
-            f"{c['score_abs_diff_mean']:.3f}, max {c['score_abs_diff_max']:.3f} nats"
-        )
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

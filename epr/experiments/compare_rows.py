@@ -1,8 +1,8 @@
 """Two committed rows of a learning curve, paired on the same examples: is B better than A?
 
-    python scripts/compare_rows.py results/mtop-curve-round1/rows/epr@2000-distill.json results/mtop-curve-round2/rows/epr@2000-distill.json
-    python scripts/compare_rows.py results/mtop-curve-locked/rows/em-bm25.json.gz results/mtop-curve-locked/rows/em-epr@2000-distill.json.gz
-    python scripts/compare_rows.py results/mtop-curve-locked/rows/bm25.json \
+    epr experiment compare-rows results/mtop-curve-round1/rows/epr@2000-distill.json results/mtop-curve-round2/rows/epr@2000-distill.json
+    epr experiment compare-rows results/mtop-curve-locked/rows/em-bm25.json.gz results/mtop-curve-locked/rows/em-epr@2000-distill.json.gz
+    epr experiment compare-rows results/mtop-curve-locked/rows/bm25.json \
       results/mtop-curve-locked/rows/epr@2000-distill.json,results/mtop-curve-locked/rows/epr@2000-distill-s1.json,results/mtop-curve-locked/rows/epr@2000-distill-s2.json
 
 Dense rows (``*.json``: ``per_query_logprob``): the mean paired gain of B over A in gold log-prob with its 95%
@@ -22,10 +22,8 @@ one seed per side, McNemar's).
 
 from __future__ import annotations
 
-import argparse
 import gzip
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -162,34 +160,3 @@ def compare(a: dict, b: dict, name_a: str = "A", name_b: str = "B", metric: str 
     raise ValueError(
         f"{name_a} / {name_b}: not two dense rows (per_query_logprob) nor two exact-match rows (correct)"
     )
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("a", help="row A (the reference); several seeds' rows joined by commas are pooled")
-    ap.add_argument("b", help="row B; several seeds' rows joined by commas are pooled")
-    ap.add_argument("--json", action="store_true", help="print the comparison as JSON")
-    args = ap.parse_args(argv)
-    r = compare(load_side(args.a), load_side(args.b), args.a, args.b)
-    seeds = (
-        f" (seeds pooled: A {r['seeds_a']}, B {r['seeds_b']})" if r["seeds_a"] > 1 or r["seeds_b"] > 1 else ""
-    )
-    if args.json:
-        print(json.dumps(r, indent=2))
-    elif r["metric"] == "gold_logprob":
-        print(
-            f"gold log-prob on {r['n']} examples ({r['left_out']} left out): A {r['mean_a']:.3f}, B {r['mean_b']:.3f}; "
-            f"B - A {r['gain']:+.3f} nats (95% CI {r['gain_ci'][0]:+.3f} to {r['gain_ci'][1]:+.3f}; median "
-            f"{r['median_gain']:+.3f}, B higher on {100 * r['win_rate']:.0f}%), Wilcoxon p = {r['p_wilcoxon']:.2g}{seeds}"
-        )
-    else:
-        test = "exact sign test" if seeds else "McNemar"
-        print(
-            f"exact match on {r['n']} examples: A {r['em_a']:.1f}, B {r['em_b']:.1f}; A higher on {r['only_a']}, "
-            f"B higher on {r['only_b']}; {test} p = {r['p_mcnemar']:.2g}{seeds}"
-        )
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

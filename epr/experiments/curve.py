@@ -7,7 +7,8 @@ default; any dataset with a curve config: ``-c configs/smcalflow_curve.yaml``, `
     epr experiment curve --set models.dtype=auto                # any config key (here: bf16 where fast)
     epr experiment curve --from-rows --out results/mtop-curve-locked   # redraw a results folder from rows/
 
-(``python scripts/learning_curve.py ...``, the command recorded in the results folders, runs this same code.)
+(``python scripts/learning_curve.py ...``, the command recorded in the older results folders, is rerun as this same
+command by ``epr experiment run``.) The options are parsed by ``epr.cli.curve`` into a :class:`CurveSpec`.
 
 Every step is resumable (stages, the run root's score cache, per-row files): rerun the same command after a kill.
 A row file is served while its key (what it was computed from: a learned row's encoder, a reference row's examples,
@@ -33,12 +34,10 @@ Writes ``curve.json`` (rows ``{retriever, loss, labels, n, em, p_vs_bm25, p_vs_s
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
-import shlex
-import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from epr import pipeline
@@ -57,6 +56,7 @@ from epr.reports.curve import (  # the rows' math and files; re-exported for scr
 from epr.reports.curve_rows import rows_from_dir
 from epr.stages.dense_metric import DenseMetric
 from epr.stages.evaluate import label_cost
+from epr.types import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository (configs/, results/)
 
@@ -133,7 +133,7 @@ def generated_em(ctx: Context, retrievers: list[str]) -> dict[str, dict]:
 
 
 def curve_args(a, t0: float) -> dict:
-    """``write_curve``'s explicit arguments from this script's options."""
+    """``write_curve``'s explicit arguments from a :class:`CurveSpec`."""
     return {
         "name": a.name,
         "split": a.split,
@@ -143,119 +143,81 @@ def curve_args(a, t0: float) -> dict:
     }
 
 
-def main(argv: list[str] | None = None, prog: str | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    ap.add_argument("-c", "--config", default=str(ROOT / "configs" / "mtop_curve.yaml"))
-    ap.add_argument("--sizes", default="250,500,1000,2000")
-    ap.add_argument("--losses", default="distill,listwise,epr")
-    ap.add_argument(
-        "--em", default="largest", help="which learned rows get exact match: largest | all | none"
-    )
-    ap.add_argument(
-        "--em-method",
-        choices=("generate", "greedy"),
-        default="generate",
-        help="exact match by greedy generation (the pipeline's predict stage), or read off the gold log-prob's "
-        "pass (greedy: every gold token is the LM's greedy choice; a lower bound of generated EM, ~no extra cost)",
-    )
-    ap.add_argument("--refs", default=",".join(REFERENCES), help="reference rows (gold log-prob)")
-    ap.add_argument("--refs-em", default=",".join(REFERENCES), help="reference rows that get exact match")
-    ap.add_argument("--run-root", default="runs")
-    ap.add_argument("--out", default=None, help="default: results/<config name>[-locked]/")
-    ap.add_argument("--set", action="append", default=[])
-    ap.add_argument("--split", choices=sorted(SPLIT_SETTINGS), default="dev")
-    ap.add_argument(
-        "--seeds",
-        default=str(BASE_SEED),
-        help="training seeds (train.seed) of every learned row; >1: pooled rows",
-    )
-    ap.add_argument(
-        "--learned",
-        default="epr",
-        help="the rows measured with each trained encoder: epr (the dual encoder alone), hybrid (fused with BM25 "
-        "by reciprocal rank); exact match for each of them",
-    )
-    ap.add_argument(
-        "--from-rows",
-        action="store_true",
-        help="redraw curve.json / .md / .png in --out from its rows/ alone (committed per-example rows; no model, "
-        "no run root): the tables' figures and paired tests recomputed from the repository",
-    )
-    ap.add_argument(
-        "--import-scores",
-        action="append",
-        default=[],
-        metavar="FILE",
-        help="add an `epr cache export` file (e.g. committed labels) to the run root's score cache first",
-    )
-    a = ap.parse_args(argv)
-    was = None
-    if (
-        a.from_rows
-    ):  # the folder's own run: its config, --set and split, read back from the command it recorded
-        if a.out is None or not (Path(a.out) / "rows").is_dir():
-            ap.error(f"--from-rows needs --out FOLDER holding rows/ (got {a.out})")
-        prev = Path(a.out) / "curve.json"
-        was = json.loads(prev.read_text()) if prev.exists() else {"info": {}, "rows": []}
-        if cmd := was["info"].get("command"):
-            rec, _ = ap.parse_known_args(shlex.split(cmd)[1:])
-            here = ROOT / "configs" / Path(rec.config).name  # a path recorded on another machine
-            a.config, a.set = rec.config if Path(rec.config).exists() else str(here), rec.set
-        a.split = was["rows"][0]["split"] if was["rows"] else a.split
-    cfg0 = load_config([a.config], [f"run_root={a.run_root}", *a.set])
-    a.name = cfg0.name  # the runs' and the results' name (mtop-curve, break-curve, ...)
-    a.lms = (
-        f"scoring LM {cfg0.models.lm}, inference LM {cfg0.models.inference_lm or cfg0.models.lm} "
-        f"(models.dtype={cfg0.models.dtype})"
-    )
-    if a.out is None:
-        a.out = str(ROOT / "results" / (a.name + ("-locked" if a.split == "locked" else "")))
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    sizes = sorted(int(s) for s in a.sizes.split(","))
-    seeds = [int(s) for s in a.seeds.split(",") if s]
-    losses = [s for s in a.losses.split(",") if s]
-    asked = {s for s in a.learned.split(",") if s}
-    if not asked <= {"epr", "hybrid"}:
-        ap.error(f"--learned {a.learned}: expected epr and/or hybrid")
-    learned = [r for r in ("epr", "hybrid") if r in asked]  # one order: the compare stages' key holds it
-    out = Path(a.out)
-    rows_dir = out / "rows"
-    t0 = time.time()
-    if was is not None:  # --from-rows: where and by what the rows were computed is kept
-        rows, em = rows_from_dir(rows_dir, a.split)
-        attach_em(rows, em)
-        was["info"].pop("redrawn_from_rows", None)
-        write_curve(out, rows, redraw_of=was["info"] or None, **curve_args(a, t0))
-        log.info("redrew %s from %d row files", out, len(list(rows_dir.glob("*.json"))))
-        return 0
+@dataclass
+class CurveSpec:
+    """What one learning curve is: the options of ``epr experiment curve`` (``epr.cli.curve``), parsed."""
 
-    # one writer per run (epr.run_lock): every run of the curve lives under <run_root>/<name>/; held until the end
-    from epr.run_lock import run_lock
+    config: str = str(ROOT / "configs" / "mtop_curve.yaml")
+    sizes: list[int] = field(default_factory=lambda: [250, 500, 1000, 2000])
+    losses: list[str] = field(default_factory=lambda: ["distill", "listwise", "epr"])
+    em: str = "largest"  # which learned rows get exact match: largest | all | none
+    em_method: str = "generate"  # generate | greedy (read off the gold pass)
+    refs: list[str] = field(default_factory=lambda: list(REFERENCES))
+    refs_em: list[str] = field(default_factory=lambda: list(REFERENCES))
+    run_root: str = "runs"
+    out: str | None = None  # default: results/<config name>[-locked]/
+    set: list[str] = field(default_factory=list)
+    split: str = "dev"
+    seeds: list[int] = field(default_factory=lambda: [BASE_SEED])
+    learned: list[str] = field(default_factory=lambda: ["epr"])
+    import_scores: list[str] = field(default_factory=list)
+    # filled in by resolve(): the config's name and LMs, the labels' cost once scored
+    name: str = ""
+    lms: str = ""
+    labels_info: dict | None = None
 
-    held = run_lock(Path(cfg0.run_root) / a.name, "this learning curve's runs")
-    held.__enter__()
-    for f in a.import_scores:  # scores of the same computation key are served, never scored again
-        from epr.lm.score_cache import import_scores
+    def resolve(self) -> CurveSpec:
+        if self.em not in ("largest", "all", "none"):
+            raise ConfigError(f"--em {self.em}: expected largest, all or none")
+        if self.split not in SPLIT_SETTINGS:
+            raise ConfigError(f"--split {self.split}: expected one of {sorted(SPLIT_SETTINGS)}")
+        if not set(self.learned) <= {"epr", "hybrid"}:
+            raise ConfigError(f"--learned {','.join(self.learned)}: expected epr and/or hybrid")
+        self.learned = [
+            r for r in ("epr", "hybrid") if r in self.learned
+        ]  # one order: the compare stages' key
+        self.sizes = sorted(self.sizes)
+        cfg0 = load_config([self.config], [f"run_root={self.run_root}", *self.set])
+        self.name = cfg0.name  # the runs' and the results' name (mtop-curve, break-curve, ...)
+        self.lms = (
+            f"scoring LM {cfg0.models.lm}, inference LM {cfg0.models.inference_lm or cfg0.models.lm} "
+            f"(models.dtype={cfg0.models.dtype})"
+        )
+        if self.out is None:
+            self.out = str(ROOT / "results" / (self.name + ("-locked" if self.split == "locked" else "")))
+        return self
 
-        for store, c in import_scores(Path(cfg0.run_root) / ".cache" / "scores", f).items():
-            log.info("imported %s into %s: %s", f, store, c)
 
-    # 1. labels for the largest set (smaller sets reuse its scores)
-    base = ctx_for(a, a.name, f"candidates.num_queries={sizes[-1]}")
-    pipeline.run(base, until="labels")
-    log.info("labels for %d training examples ready (%.0f s)", sizes[-1], time.time() - t0)
-    sm = read_manifest(base.stage_dir("scores"))
-    a.labels_info = {"sequences": sm["rows"]["sequences"], "speed": sm.get("scoring_speed")}
+def redraw(spec: CurveSpec, was: dict) -> None:
+    """``--from-rows``: curve.json / .md / .png in ``spec.out`` redrawn from its ``rows/`` alone (no model, no run
+    root); ``was`` is the folder's curve.json, whose record of where and by what the rows were computed is kept."""
+    out = Path(spec.out)
+    rows, em = rows_from_dir(out / "rows", spec.split)
+    attach_em(rows, em)
+    was["info"].pop("redrawn_from_rows", None)
+    write_curve(out, rows, redraw_of=was["info"] or None, **curve_args(spec, time.time()))
+    log.info("redrew %s from %d row files", out, len(list((out / "rows").glob("*.json"))))
 
-    metric = DenseMetric(base, greedy=a.em_method == "greedy" and a.em != "none")
-    rows: list[dict] = []
+
+class RowBook:
+    """The curve's rows as they are computed: each row served from its file under ``rows/`` while its key matches,
+    else computed with the dense metric and written there."""
+
+    def __init__(self, spec: CurveSpec, metric: DenseMetric):
+        self.spec, self.metric, self.rows = spec, metric, []
+        self.dir = Path(spec.out) / "rows"
 
     def add(
-        retriever: str, loss: str | None, labels: int | None, ctx: Context, name: str, fp: str, seed=None
-    ) -> dict:
-        key = row_key(ctx, retriever, fp, len(metric.ev))
+        self,
+        retriever: str,
+        loss: str | None,
+        labels: int | None,
+        ctx: Context,
+        name: str,
+        fp: str,
+        seed=None,
+    ):
+        key = row_key(ctx, retriever, fp, len(self.metric.ev))
         best = None
         if loss is not None and (m := read_manifest(ctx.stage_dir("encoder"))) is not None:
             best = m.get("best_epoch")  # a learned row: which epoch its encoder is (best_by may keep epoch 0)
@@ -263,9 +225,9 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         def compute() -> dict:
             cost = label_cost(ctx) if loss is not None else None  # its labels' LM-scored sequences (issue 48)
             extra = {} if cost is None else {"scored_sequences": cost["scored_sequences"]}
-            return {**metric(ctx, retriever), "best_epoch": best, **extra}
+            return {**self.metric(ctx, retriever), "best_epoch": best, **extra}
 
-        r = cached_row(rows_dir / f"{name}.json", key, compute)
+        r = cached_row(self.dir / f"{name}.json", key, compute)
         best = best if best is not None else r.get("best_epoch")  # a reused row carries its encoder's epoch
         row = {
             "name": name,
@@ -274,96 +236,125 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
             "labels": labels,
             "seed": seed,
             "seeds": 1,
-            "split": a.split,
+            "split": self.spec.split,
             "best_epoch": best,
             "run": str(ctx.cfg.run_dir),
             **r,
         }
-        rows.append(row)
+        self.rows.append(row)
         log.info("%s: gold log-prob %.3f (DPO %.3f)", name, row["gold_logprob"], row["dpo"])
         return row
 
-    # 2. references (dense metric)
-    # (reference runs depend only on the largest size: rows of a partial run are reused by the full one)
-    top = f"candidates.num_queries={sizes[-1]}"
-    ref_ctx = ctx_for(a, f"{a.name}/ref", top)
-    pipeline.run(ref_ctx, until="labels")
-    untrained = ctx_for(a, f"{a.name}/untrained", top, "train.epochs=0", *LOSS_SETTINGS["distill"])
-    pipeline.run(untrained, until="encoder")
-    for r in [r for r in a.refs.split(",") if r]:
-        c = untrained if r in UNTRAINED else ref_ctx
-        add(UNTRAINED.get(r, r), None, None, c, r, reference_fp(c, r))
+    def write(self, t0: float) -> None:
+        write_curve(Path(self.spec.out), self.rows, **curve_args(self.spec, t0))
 
-    # 3. the curve: train each (size, loss), dense metric
-    runs: dict[tuple[int, str], Context] = {}
-    for n in sizes:
-        for loss in losses:
-            for seed in seeds:
-                c = curve_ctx(a, n, loss, seed)
+
+def run_curve(spec: CurveSpec) -> Path:
+    """The learning curve of the module's docstring, resumable at every step; returns its folder."""
+    from epr.run_lock import run_lock
+
+    t0 = time.time()
+    # one writer per run (epr.run_lock): every run of the curve lives under <run_root>/<name>/; held until the end
+    with run_lock(Path(spec.run_root) / spec.name, "this learning curve's runs"):
+        for f in spec.import_scores:  # scores of the same computation key are served, never scored again
+            from epr.lm.score_cache import import_scores
+
+            for store, c in import_scores(Path(spec.run_root) / ".cache" / "scores", f).items():
+                log.info("imported %s into %s: %s", f, store, c)
+        # 1. labels for the largest set (smaller sets reuse its scores)
+        top = f"candidates.num_queries={spec.sizes[-1]}"
+        base = ctx_for(spec, spec.name, top)
+        pipeline.run(base, until="labels")
+        log.info("labels for %d training examples ready (%.0f s)", spec.sizes[-1], time.time() - t0)
+        sm = read_manifest(base.stage_dir("scores"))
+        spec.labels_info = {"sequences": sm["rows"]["sequences"], "speed": sm.get("scoring_speed")}
+        book = RowBook(spec, DenseMetric(base, greedy=spec.em_method == "greedy" and spec.em != "none"))
+        _references(spec, book, top)
+        runs = _train_points(spec, book, t0)
+        _exact_match(spec, book, runs, top, t0)
+    log.info("done in %.0f s: %s", time.time() - t0, spec.out)
+    return Path(spec.out)
+
+
+def _references(spec: CurveSpec, book: RowBook, top: str) -> None:
+    """2. The reference rows (dense metric); they depend only on the largest size, so a partial run's rows are
+    reused by the full one."""
+    ref_ctx = ctx_for(spec, f"{spec.name}/ref", top)
+    pipeline.run(ref_ctx, until="labels")
+    untrained = ctx_for(spec, f"{spec.name}/untrained", top, "train.epochs=0", *LOSS_SETTINGS["distill"])
+    pipeline.run(untrained, until="encoder")
+    for r in spec.refs:
+        c = untrained if r in UNTRAINED else ref_ctx
+        book.add(UNTRAINED.get(r, r), None, None, c, r, reference_fp(c, r))
+
+
+def _train_points(spec: CurveSpec, book: RowBook, t0: float) -> dict[tuple[int, str, int], Context]:
+    """3. Each (size, loss, seed): trained (unless every row of it is served), then its dense-metric rows."""
+    runs: dict[tuple[int, str, int], Context] = {}
+    for n in spec.sizes:
+        for loss in spec.losses:
+            for seed in spec.seeds:
+                c = curve_ctx(spec, n, loss, seed)
                 fp = pipeline.stage_fingerprint(c, "encoder")
-                needs_em = a.em == "all" or (a.em != "none" and n == sizes[-1])
-                files = [(rows_dir / f"{seeded(f'{r}@{n}-{loss}', seed)}.json", r) for r in learned]
-                if not needs_em and all(keyed_row(f, row_key(c, r, fp, len(metric.ev))) for f, r in files):
+                needs_em = spec.em == "all" or (spec.em != "none" and n == spec.sizes[-1])
+                names = [(seeded(f"{r}@{n}-{loss}", seed), r) for r in spec.learned]
+                keyed = [
+                    keyed_row(book.dir / f"{f}.json", row_key(c, r, fp, len(book.metric.ev)))
+                    for f, r in names
+                ]
+                if not needs_em and all(keyed):
                     # every row of this encoder is on disk (e.g. committed): adding seeds does not retrain it
-                    log.info("%d-%s seed %d: rows reused from %s, not trained again", n, loss, seed, rows_dir)
+                    log.info("%d-%s seed %d: rows reused from %s, not trained again", n, loss, seed, book.dir)
                 else:
                     t = time.time()
                     pipeline.run(c, until="encoder")
                     log.info("trained %d-%s seed %d (%.0f s)", n, loss, seed, time.time() - t)
                     runs[(n, loss, seed)] = c
-                for r in learned:
-                    add(r, loss, n, c, seeded(f"{r}@{n}-{loss}", seed), fp, seed)
-            for r in learned:
-                add_pooled(rows, n, loss, seeds, r)
-            write_curve(out, rows, **curve_args(a, t0))
+                for f, r in names:
+                    book.add(r, loss, n, c, f, fp, seed)
+            for r in spec.learned:
+                add_pooled(book.rows, n, loss, spec.seeds, r)
+            book.write(t0)
+    return runs
 
-    # 4. exact match for the rows that decide the bar
+
+def _exact_match(spec: CurveSpec, book: RowBook, runs: dict, top: str, t0: float) -> None:
+    """4. Exact match for the rows that decide the bar: generated (the compare stages), or read off the gold pass
+    (``--em-method greedy``: DenseMetric.greedy_em, no generation)."""
     em: dict[str, dict] = {}
-    refs = [r for r in a.refs_em.split(",") if r]
-    if a.em_method == "greedy":  # read off the gold pass: no generation (DenseMetric.greedy_em)
-        em_rows = lambda c, rs: {r: metric.greedy_em(c, r) for r in rs}  # noqa: E731
+    if spec.em_method == "greedy":
+        em_rows = lambda c, rs: {r: book.metric.greedy_em(c, r) for r in rs}  # noqa: E731
     else:
         em_rows = generated_em
-    if a.em != "none":
-        plain = [r for r in refs if r not in UNTRAINED]
-        ref_em = ctx_for(a, f"{a.name}/ref", top, f"retrieve.retrievers=[{','.join(plain)}]")
-        em |= em_rows(ref_em, plain)
-        if "untrained" in refs:
-            u = ctx_for(
-                a,
-                f"{a.name}/untrained",
-                top,
-                "train.epochs=0",
-                *LOSS_SETTINGS["distill"],
-                "retrieve.retrievers=[epr]",
-            )
-            em["untrained"] = em_rows(u, ["epr"])["epr"]
+    if spec.em != "none":
+        plain = [r for r in spec.refs_em if r not in UNTRAINED]
+        em |= em_rows(
+            ctx_for(spec, f"{spec.name}/ref", top, f"retrieve.retrievers=[{','.join(plain)}]"), plain
+        )
+        if "untrained" in spec.refs_em:
+            settings = ("train.epochs=0", *LOSS_SETTINGS["distill"], "retrieve.retrievers=[epr]")
+            em["untrained"] = em_rows(ctx_for(spec, f"{spec.name}/untrained", top, *settings), ["epr"])["epr"]
         for n, loss, seed in runs:
-            if a.em == "all" or n == sizes[-1]:
-                # every learned row of this encoder (epr, hybrid) in one run: one compare stage generates them all
-                c2 = curve_ctx(a, n, loss, seed, f"retrieve.retrievers=[{','.join(learned)}]")
-                for r, e in em_rows(c2, learned).items():
-                    em[seeded(f"{r}@{n}-{loss}", seed)] = e
-                    if len(seeds) > 1 and all(seeded(f"{r}@{n}-{loss}", s) in em for s in seeds):
-                        em[f"{r}@{n}-{loss}-pooled"] = pooled(
-                            [em[seeded(f"{r}@{n}-{loss}", s)] for s in seeds]
-                        )
-                attach_em(rows, em)
-                write_curve(out, rows, **curve_args(a, t0))
-    attach_em(rows, em)
+            if spec.em != "all" and n != spec.sizes[-1]:
+                continue
+            # every learned row of this encoder (epr, hybrid) in one run: one compare stage generates them all
+            c2 = curve_ctx(spec, n, loss, seed, f"retrieve.retrievers=[{','.join(spec.learned)}]")
+            for r, e in em_rows(c2, spec.learned).items():
+                em[seeded(f"{r}@{n}-{loss}", seed)] = e
+                if len(spec.seeds) > 1 and all(seeded(f"{r}@{n}-{loss}", s) in em for s in spec.seeds):
+                    em[f"{r}@{n}-{loss}-pooled"] = pooled(
+                        [em[seeded(f"{r}@{n}-{loss}", s)] for s in spec.seeds]
+                    )
+            attach_em(book.rows, em)
+            book.write(t0)
+    attach_em(book.rows, em)
     for name, e in em.items():
         if not name.endswith("-pooled"):
-            save_em(rows_dir, name, e)
-    write_curve(out, rows, **curve_args(a, t0))
-    log.info("done in %.0f s: %s", time.time() - t0, out)
-    return 0
+            save_em(book.dir, name, e)
+    book.write(t0)
 
 
 def curve_ctx(a, n: int, loss: str, seed: int, *extra: str) -> Context:
     """The training run of one curve point: ``n`` labels, ``loss``, training seed ``seed``."""
     settings = [f"candidates.num_queries={n}", *LOSS_SETTINGS[loss], f"train.seed={seed}", *extra]
     return ctx_for(a, seeded(f"{a.name}/{n}-{loss}", seed), *settings)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

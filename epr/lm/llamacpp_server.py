@@ -16,7 +16,6 @@ if they disagree (so a future llama-cpp-python that fixes this upstream is detec
 
 from __future__ import annotations
 
-import argparse
 import codecs
 import logging
 import os
@@ -24,7 +23,7 @@ import threading
 
 import numpy as np
 
-__all__ = ["gguf_path", "fixed_llama_class", "check_echo", "launch", "free_port", "main"]
+__all__ = ["gguf_path", "fixed_llama_class", "check_echo", "launch", "free_port", "serve"]
 
 log = logging.getLogger(__name__)
 
@@ -296,15 +295,16 @@ class launch:
         self._log.close()
 
 
-def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(prog="epr serve", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default="smollm2", help="a packaged LM (smollm2, gemma3-270m) or a .gguf file")
-    ap.add_argument("--alias", default=None, help="the model name clients ask for (default: --model)")
-    ap.add_argument("--host", default="127.0.0.1")
-    ap.add_argument("--port", type=int, default=8000)
-    ap.add_argument("--n-ctx", type=int, default=2048, help="context window in tokens")
-    ap.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
-    args = ap.parse_args(argv)
+def serve(
+    model: str = "smollm2",
+    alias: str | None = None,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    n_ctx: int = 2048,
+    threads: int | None = None,
+) -> None:
+    """Serve a packaged LM (or a .gguf file) through llama.cpp's OpenAI-compatible server, after checking that its
+    echoed prompt log-probabilities agree with llama.cpp's own evaluation (``epr serve``: ``epr.cli.serve``)."""
     try:
         import llama_cpp
         import uvicorn
@@ -315,9 +315,8 @@ def main(argv=None) -> None:
             'epr serve needs llama.cpp\'s server: pip install "epr[server]" (builds llama-cpp-python from source, '
             "a few minutes; see README)"
         ) from None
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    path = gguf_path(args.model)
-    threads = args.threads or os.cpu_count() or 1
+    path = gguf_path(model)
+    threads = threads or os.cpu_count() or 1
     cls = fixed_llama_class()
     probe = cls(path, logits_all=True, n_ctx=256, n_threads=threads, verbose=False)
     found = check_echo(probe)
@@ -330,21 +329,14 @@ def main(argv=None) -> None:
     )
     ms = ModelSettings(
         model=path,
-        model_alias=args.alias or args.model,
+        model_alias=alias or model,
         logits_all=True,
-        n_ctx=args.n_ctx,
+        n_ctx=n_ctx,
         n_threads=threads,
         n_threads_batch=threads,
         verbose=False,
     )
-    ss = ServerSettings(host=args.host, port=args.port)
+    ss = ServerSettings(host=host, port=port)
     uvicorn.run(
-        create_app(server_settings=ss, model_settings=[ms]),
-        host=args.host,
-        port=args.port,
-        log_level="warning",
+        create_app(server_settings=ss, model_settings=[ms]), host=host, port=port, log_level="warning"
     )
-
-
-if __name__ == "__main__":
-    main()

@@ -8,7 +8,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from epr.context import Context
-from epr.stages import candidates
 
 __all__ = [
     "candidates_keys",
@@ -28,8 +27,8 @@ def candidates_keys(ctx: Context, encoder_fp: EncoderFp) -> dict:
     for k in ("miner", "mine_run", "rounds"):
         sec.pop(k)
     keys = {"candidates": sec, "query_order": "nested-permutation"}
-    miner, _ = candidates.round_miner(ctx)
-    if miner in ("retriever", "mixed"):  # which encoder mined, and the round; not where its run folder lives
+    miner = ctx.this_round.miner
+    if ctx.this_round.remined:  # which encoder mined, and the round; not where its run folder lives
         keys["mined_by"] = mined_by(ctx, encoder_fp)
     if miner == "mixed":
         keys["miner"] = miner
@@ -44,10 +43,9 @@ def mined_by(ctx: Context, encoder_fp: EncoderFp) -> dict:
     in-run round's encoder fingerprint is computed (so ``epr status`` knows round r + 1 before round r has trained,
     and round r + 1 goes stale whenever anything round r depends on changes); an outside ``mine_run``'s is read
     from its manifest (``None`` while untrained: the stage then refuses to run)."""
-    prev = ctx.prev_round()
-    if prev is None:
-        return candidates.miner_identity(ctx.cfg)
-    return {"encoder": encoder_fp_once(prev, encoder_fp), "round": candidates.round_number(ctx)}
+    if ctx.this_round.outside:
+        return ctx.this_round.outside_identity()
+    return {"encoder": encoder_fp_once(ctx.prev_round(), encoder_fp), "round": ctx.this_round.number()}
 
 
 def encoder_fp_once(prev: Context, encoder_fp: EncoderFp) -> str:

@@ -1,4 +1,4 @@
-"""The learning-curve rows (``scripts/learning_curve.py``, any dataset): seeds pooled into one row, exact match and the
+"""The learning-curve rows (``epr experiment curve``, any dataset): seeds pooled into one row, exact match and the
 gold log-prob paired against BM25 and SBERT on the same examples, the fraction of the BM25 -> LM-Oracle gap, and the
 ``curve.json`` / ``curve.md`` / ``curve.png`` a results folder holds. Pure functions of the rows (no model): the
 script runs the stages and hands the rows here.

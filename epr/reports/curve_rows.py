@@ -1,4 +1,4 @@
-"""A learning curve rebuilt from a results folder's ``rows/`` alone (``scripts/learning_curve.py --from-rows``): no
+"""A learning curve rebuilt from a results folder's ``rows/`` alone (``epr experiment curve --from-rows``): no
 model, no run root. Each row file is one row, named as the script names it; seeds are pooled as the script pools
 them; ``em-<name>.json.gz`` are the exact-match rows. ``epr.reports.curve.write_curve`` then redraws the folder's
 ``curve.json`` / ``.md`` / ``.png``."""

@@ -1,6 +1,6 @@
 """The scoreboard: every committed learning curve's learned rows against the better of BM25 and SBERT, in one table.
 
-Read from the ``curve.json`` files under ``results/`` (what ``scripts/learning_curve.py`` writes), nothing recomputed:
+Read from the ``curve.json`` files under ``results/`` (what ``epr experiment curve`` writes), nothing recomputed:
 ``python scripts/scoreboard.py`` writes ``results/SCOREBOARD.md``. For each learned row (pooled over its seeds where
 a pooled row exists, else each seed's row) it takes, per metric, the reference that scores higher on the same
 examples (max(BM25, SBERT), issue 22's bar), and reports the row's paired difference and p against it (exact match:

@@ -67,47 +67,6 @@ def rankings_of(qids, ids, scores) -> list[Ranking]:
     ]
 
 
-def round_miner(ctx: Context) -> tuple[str, Path | None]:
-    """(who mines this round's candidates, the run folder whose trained encoder mines them or ``None``).
-
-    Round 1 of a run mines with BM25, or with the encoder of ``candidates.mine_run`` where one is named; round r + 1
-    of the same run (``candidates.rounds``) re-mines with round r's encoder (``mixed`` when ``candidates.miner`` is
-    mixed, else ``retriever``)."""
-    c = ctx.cfg.candidates
-    prev = ctx.prev_round()
-    if prev is not None:
-        return ("mixed" if c.miner == "mixed" else "retriever"), prev.cfg.run_dir
-    if c.mine_run is not None:
-        return c.miner, mine_run_dir(ctx.cfg)
-    return "bm25", None
-
-
-def round_number(ctx: Context) -> int:
-    """The training round this run's candidates belong to: 1 for BM25's, the mining round's + 1 for re-mined ones
-    (counting the rounds of an outside ``mine_run``)."""
-    prev = ctx.prev_round()
-    if prev is not None:
-        return round_number(prev) + 1
-    return miner_identity(ctx.cfg)["round"] if ctx.cfg.candidates.mine_run is not None else 1
-
-
-def mine_run_dir(cfg) -> Path:
-    """The round-r run folder of ``candidates.mine_run``: a path, else a run name under ``run_root``."""
-    p = Path(cfg.candidates.mine_run)
-    if not p.exists() and (Path(cfg.run_root) / p).exists():
-        p = Path(cfg.run_root) / p
-    return p
-
-
-def miner_identity(cfg) -> dict:
-    """What re-mined candidates come from: the round-r encoder's stage fingerprint (``None`` while it is not
-    trained: the stage then refuses to run) and this round's number (round r's + 1; BM25 candidates are round 1)."""
-    d = mine_run_dir(cfg)
-    enc, cand = read_manifest(d / "encoder"), read_manifest(d / "candidates")
-    prev = (cand or {}).get("round", 1)
-    return {"encoder": None if enc is None else enc.get("fingerprint"), "round": prev + 1}
-
-
 def mine_with_retriever(ctx: Context, qids: np.ndarray) -> tuple[list[Ranking], int]:
     """L candidates per labelled example from the trained encoder of the round before (this run's, or
     ``candidates.mine_run``'s), the example itself excluded."""
@@ -116,25 +75,25 @@ def mine_with_retriever(ctx: Context, qids: np.ndarray) -> tuple[list[Ranking], 
     from epr.retrieval.retrievers import make_retriever
     from epr.types import ConfigError, UpstreamError
 
-    cfg, pool = ctx.cfg, ctx.examples("pool")
-    _, d = round_miner(ctx)
+    cfg, pool, rnd = ctx.cfg, ctx.examples("pool"), ctx.this_round
+    d = rnd.mine_dir
     # an in-run round's encoder is fresh here (the pipeline's ``rounds`` stage, upstream, checked it); an outside
     # mine_run's is named by its manifest
-    ident = {"encoder": "in-run", "round": round_number(ctx)} if ctx.prev_round() else miner_identity(cfg)
+    ident = rnd.outside_identity() if rnd.outside else {"encoder": "in-run", "round": rnd.number()}
     if d.resolve() == Path(cfg.run_dir).resolve():
         raise ConfigError(
-            f"candidates.mine_run={cfg.candidates.mine_run} is this run: round r + 1 needs its own run name "
+            f"candidates.mine_run={rnd.mine_run} is this run: round r + 1 needs its own run name "
             "(--set name=...) that mines with round r's"
         )
     if ident["encoder"] is None or not (d / "encoder" / "model").exists():
         raise UpstreamError(
-            f"candidates.mine_run={cfg.candidates.mine_run}: no trained encoder in {d / 'encoder'}; train that "
+            f"candidates.mine_run={rnd.mine_run}: no trained encoder in {d / 'encoder'}; train that "
             "run first (epr run --until encoder with its config)"
         )
     mine_ex, my_ex = read_manifest(d / "examples"), read_manifest(ctx.stage_dir("examples"))
     if (mine_ex or {}).get("fingerprint") != (my_ex or {}).get("fingerprint"):
         raise UpstreamError(
-            f"candidates.mine_run={cfg.candidates.mine_run}: its pool ({d / 'examples'}) is not this run's "
+            f"candidates.mine_run={rnd.mine_run}: its pool ({d / 'examples'}) is not this run's "
             f"({ctx.stage_dir('examples')}); the encoder's ids would point at other examples"
         )
     # exact search (Flat), whatever retrieve.index_factory says: the candidates' key does not hold that setting
@@ -209,7 +168,7 @@ def run_candidates(ctx: Context, out, fp: str) -> dict:
     c = ctx.cfg.candidates
     pool = ctx.examples("pool")
     qids = labelled_ids(ctx.cfg, len(pool))
-    miner, by = round_miner(ctx)
+    miner, by = ctx.this_round.miner, ctx.this_round.mine_dir
     if miner == "retriever":
         rankings, rnd = mine_with_retriever(ctx, qids)
         how = f"the trained encoder of {by}"

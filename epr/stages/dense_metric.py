@@ -1,7 +1,7 @@
 """The dense metric of a learning-curve row: the gold answer's log-probability under the inference LM given a
 retriever's prompts on the evaluation examples (one forward pass each, through the run root's score cache) and its
 DPO form against the empty context; and, on request, exact match read off the same pass
-(:func:`epr.stages.predict.greedy_exact`). Used by ``scripts/learning_curve.py``."""
+(:func:`epr.stages.predict.greedy_exact`). Used by ``epr experiment curve``."""
 
 from __future__ import annotations
 

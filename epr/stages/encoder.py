@@ -32,11 +32,7 @@ def run_encoder(ctx: Context, out: Path, fp: str) -> dict:
 def warm_start_dir(ctx: Context) -> Path | None:
     """The trained encoder this round starts from: with ``train.init: previous``, the encoder of the round that
     mined its candidates (this run's round r, or ``candidates.mine_run``); ``None`` for round 1 or ``init: base``."""
-    from epr.stages.candidates import round_miner
-
-    if ctx.cfg.train.init != "previous":
+    rnd = ctx.this_round
+    if ctx.cfg.train.init != "previous" or not rnd.remined or rnd.mine_dir is None:
         return None
-    miner, d = round_miner(ctx)
-    if miner not in ("retriever", "mixed") or d is None:
-        return None
-    return Path(d) / "encoder" / "model"
+    return Path(rnd.mine_dir) / "encoder" / "model"

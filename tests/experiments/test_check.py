@@ -133,12 +133,21 @@ def test_a_rerun_writes_beside_never_into_the_committed_folder():
         "--sizes 2000 --run-root /w/runs --out out/x"
     )
     argv = rerun_command(cmd, Path("runs/rerun/x"), "fresh")[1:]  # after the interpreter
-    assert argv[:2] == ["-m", "epr.experiments.curve"]
+    assert argv[:4] == ["-m", "epr.cli", "experiment", "curve"]
     assert argv[-4:] == ["--out", "runs/rerun/x", "--run-root", "fresh"]
     assert "out/x" not in argv and "/w/runs" not in argv
     assert "candidates.mine_run=fresh/mtop-curve/2000-distill" in argv  # the round-1 run moves with the root
     assert rerun_command("scripts/learning_curve.py --from-rows --out results/x", Path("y"), "r") is None
     assert rerun_command("epr run -c configs/mtop.yaml", Path("y"), "r")[1:4] == ["-m", "epr.cli", "run"]
+    # the results tools by the script paths older folders recorded (the scripts are gone): the same options
+    old = rerun_command("python scripts/compare_rows.py a.json b.json --json", Path("y"), "r")[1:]
+    assert old == ["-m", "epr.cli", "experiment", "compare-rows", "a.json", "b.json", "--json"]
+    assert rerun_command("scripts/mtop_curve.py --sizes 250", Path("y"), "r")[1:5] == [
+        "-m",
+        "epr.cli",
+        "experiment",
+        "curve",
+    ]
 
 
 def test_index_check_fails_on_a_stale_index(tmp_path, capsys):

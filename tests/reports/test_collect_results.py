@@ -1,4 +1,4 @@
-"""scripts/collect_results.py: a finished run's comparison found where the pipeline writes it (``evaluate/``,
+"""epr experiment collect: a finished run's comparison found where the pipeline writes it (``evaluate/``,
 ``locked/evaluate/``, or a pre-rename ``compare/``), and an unfinished one refused with the folder named."""
 
 from __future__ import annotations
@@ -48,5 +48,10 @@ def test_an_unfinished_comparison_is_an_error_naming_the_folder(collect, tmp_pat
     with pytest.raises(FileNotFoundError, match=r"evaluate: no finished comparison"):
         collect.collect(run, tmp_path / "out")
     assert not (tmp_path / "out").exists()  # nothing copied
-    assert collect.main(["mtop", "--run-root", str(tmp_path / "runs"), "--dest", str(tmp_path / "o")]) == 1
+    from epr.cli.tools import collect_results_main
+
+    assert (
+        collect_results_main(["mtop", "--run-root", str(tmp_path / "runs"), "--dest", str(tmp_path / "o")])
+        == 1
+    )
     assert "no finished comparison" in capsys.readouterr().err

@@ -557,7 +557,7 @@ def test_status_of_many_rounds_costs_about_one_round_each(monkeypatch, caplog):
     assert "candidates.rounds=20: each round mines, scores its labels" in caplog.text
 
     def walk(ctx, name):  # the keys without any memo: a fresh context chain for every lookup
-        fresh = Context(ctx.cfg, ctx.dist, ctx.top)
+        fresh = Context(ctx.cfg, ctx.dist, ctx.top, ctx.index)
         return pipeline.stage_fingerprint(fresh, name)
 
     ctx = Context(load_config(["configs/mtop.yaml"], ["candidates.rounds=4", "run_root=/nonexistent"]))

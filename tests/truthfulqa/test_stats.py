@@ -84,7 +84,7 @@ def _run_dir(tmp_path, name, bias_shift):
 
 
 def test_findings_across_lms_name_a_bias_that_helps_one_and_hurts_the_other(tmp_path):
-    from epr.truthfulqa.findings import main
+    from epr.cli.truthfulqa import findings_main as main
 
     a, b, c = (
         _run_dir(tmp_path, "lm-a", +0.6),
