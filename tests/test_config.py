@@ -42,15 +42,17 @@ def test_bad_values_are_named(override, match):
     "bad,msg",
     [
         ("bm26", "unknown retriever 'bm26'"),
-        ("epr+diversity", "unknown retriever"),
+        ("epr+diversity", r"'epr\+diversity': unknown suffix \+diversity"),
         ("bm25+div", "needs a dense first stage"),
+        ("epr+rm+div", r"\+rm re-ranks a first stage alone"),
+        ("random+rm", "the reward model re-ranks a first stage that ranks"),
     ],
 )
 def test_retriever_names_checked_at_load(bad, msg):
     with pytest.raises(ValueError, match=msg):
         load_config([], [f"retrieve.retrievers=epr,{bad}"])
-    ok = load_config([], ["retrieve.retrievers=random,bm25,sbert+div,epr+div+bias,lm-oracle"])
-    assert ok.retrieve.retrievers == ("random", "bm25", "sbert+div", "epr+div+bias", "lm-oracle")
+    ok = load_config([], ["retrieve.retrievers=random,bm25,sbert+div,epr+div+bias,lm-oracle,bm25+rm,hybrid+rm"])
+    assert ok.retrieve.retrievers[-2:] == ("bm25+rm", "hybrid+rm")
 
 
 # --- the config documents itself: help and choices on every field, one validation road, `epr config` ---

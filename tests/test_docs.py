@@ -199,6 +199,8 @@ def check_epr(argv: list[str], created: dict[str, Path]) -> None:
     if argv[:2] == ["truthfulqa", "findings"]:
         check_flags(ROOT / "epr" / "cli" / "truthfulqa.py", argv[2:])
         return
+    if argv[:1] == ["stage"]:  # epr stage NAME ... is epr NAME ... (epr/cli/app.py)
+        argv = argv[1:]
     err = io.StringIO()
     try:
         with contextlib.redirect_stderr(err):

@@ -27,6 +27,7 @@ RANKS = {
     "epr.prompt": 0,  # the one prompt renderer (a task's own format, the prompt section, chat templates)
     "epr.lm": 1,  # the library, bottom up
     "epr.encoder": 2,
+    "epr.reward": 2,  # the reward model (a cross-encoder trained like the dual encoder, on the same labels)
     "epr.retrieval": 3,
     "epr.reports": 4,
     "epr.tasks": 5,  # each dataset's quirks (and the TruthfulQA prompt format the evaluation shares)

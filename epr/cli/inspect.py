@@ -23,7 +23,7 @@ def inspect_query(ctx, query: str, k: int = 5, out=sys.stdout) -> dict:
     quality = None
     make_prompt = prompt_maker(ctx)
     for name in [n for n in cfg.retrieve.retrievers if "oracle" not in n]:
-        base, div, bias = parse_retriever_name(name)
+        base, div, bias, _ = parse_retriever_name(name)
         try:
             r = make_retriever(base, pool, task, cfg, ctx.encoder_dir(base), loaded, ctx.prompt())
         except FileNotFoundError as e:

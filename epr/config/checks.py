@@ -52,9 +52,9 @@ def validate(cfg: ExperimentConfig) -> None:
     ]
     for name in cfg.retrieve.retrievers:
         try:
-            base, div, bias = parse_retriever_name(name)
-        except ConfigError:
-            base, div, bias = None, False, False
+            base, div, bias, rm = parse_retriever_name(name)
+        except ConfigError as e:  # its own message (an unknown suffix, +rm with RAGSys's)
+            raise ConfigError(f"config: {str(e)}") from None
         suffixes = div or bias
         checks.append(
             (
@@ -68,6 +68,14 @@ def validate(cfg: ExperimentConfig) -> None:
                 not suffixes or base in DENSE,
                 f"retrieve.retrievers: {name!r}: RAGSys re-ranking (+div, +bias) "
                 f"needs a dense first stage ({', '.join(DENSE)})",
+            )
+        )
+        checks.append(
+            (
+                not rm
+                or (base not in ("random", "bm25-oracle", "lm-oracle") and cfg.data.task != "truthfulqa"),
+                f"retrieve.retrievers: {name!r}: the reward model re-ranks a first stage that ranks (bm25, sbert, "
+                "epr, hybrid, dr-bm25) on an EPR task",
             )
         )
     for ok, msg in checks:

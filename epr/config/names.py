@@ -24,6 +24,7 @@ __all__ = [
     "DENSE",
     "LEARNED",
     "RAGSYS_SUFFIXES",
+    "REWARD_SUFFIX",
     "RetrieverName",
     "parse_retriever_name",
     "TQA_VARIANTS",
@@ -36,25 +37,34 @@ RETRIEVERS = ("random", "bm25", "sbert", "epr", "dr-bm25", "bm25-oracle", "lm-or
 DENSE = ("sbert", "epr", "dr-bm25")
 LEARNED = ("epr", "hybrid")  # the first stages that use the trained dual encoder
 RAGSYS_SUFFIXES = ("div", "bias")
+REWARD_SUFFIX = "rm"  # +rm: the first stage's top reward.top_k re-scored by the reward model (epr.reward)
 
 
 class RetrieverName(NamedTuple):
     base: str  # the first stage
     div: bool  # +div: MMR diversity (ragsys.lambda_d)
     bias: bool  # +bias: the LM quality bias (ragsys.lambda_b)
+    rm: bool = False  # +rm: re-ranked by the reward model
 
 
 def parse_retriever_name(name: str) -> RetrieverName:
-    """``"epr+div+bias"`` -> ``("epr", True, True)``: the one reading of a retriever name (config checks, stages,
-    ``epr inspect``, scripts). Bias without diversity is written ``+div+bias`` with ``ragsys.lambda_d = 1``; a bare
-    ``+bias`` is accepted too. An unknown suffix is a ``ConfigError``."""
+    """``"epr+div+bias"`` -> ``("epr", True, True, False)``, ``"epr+rm"`` -> ``("epr", False, False, True)``: the one
+    reading of a retriever name (config checks, stages, ``epr inspect``, scripts). Bias without diversity is written
+    ``+div+bias`` with ``ragsys.lambda_d = 1``; a bare ``+bias`` is accepted too. ``+rm`` (the reward model's
+    re-ranking) stands alone. An unknown suffix, or ``+rm`` with RAGSys's, is a ``ConfigError``."""
     base, *suffixes = name.split("+")
-    bad = [s for s in suffixes if s not in RAGSYS_SUFFIXES]
+    bad = [s for s in suffixes if s not in (*RAGSYS_SUFFIXES, REWARD_SUFFIX)]
     if bad:
         raise ConfigError(
-            f"retrieve.retrievers: {name!r}: unknown suffix +{bad[0]} (RAGSys suffixes: +div, +div+bias)"
+            f"retrieve.retrievers: {name!r}: unknown suffix +{bad[0]} (RAGSys suffixes: +div, +div+bias; the "
+            "reward model's re-ranking: +rm)"
         )
-    return RetrieverName(base, "div" in suffixes, "bias" in suffixes)
+    rm = REWARD_SUFFIX in suffixes
+    if rm and len(suffixes) > 1:
+        raise ConfigError(
+            f"retrieve.retrievers: {name!r}: +rm re-ranks a first stage alone (no +div / +bias with it)"
+        )
+    return RetrieverName(base, "div" in suffixes, "bias" in suffixes, rm)
 
 
 # TruthfulQA variants: "fix" plus the re-rankers of ragsys.VARIANTS (a test keeps the two equal; no import here, so
@@ -69,6 +79,11 @@ PATH_KINDS = {
     "path": "a file or folder path: not empty, no NUL byte or line break",
     "run-name": "a relative path under run_root: a path's rules, and no '.' or '..' part, not absolute",
 }
+
+
+SEED = {"ge": 0, "le": 2**32 - 1}  # what numpy and torch take as a seed
+# why a field takes any text (``opt(..., free=...)``): checked where it is used, with the value named
+MODEL = "a model name: resolved when loaded (a packaged name, a hub id or a folder; the error names it)"
 
 
 def opt(

@@ -1,8 +1,6 @@
-"""The configuration sections: one frozen dataclass per stage (``epr.config`` loads them; import from there).
-
-Every field is declared once with :func:`opt`: its default, a one-line help text and, where the valid values are a
-finite set, its choices: what the loader checks (``config_from_dict``) and ``epr config`` prints (docstring: heading).
-"""
+"""The configuration sections: one frozen dataclass per stage (``epr.config`` loads them; import from there). Every
+field is declared once with :func:`opt`: its default, a one-line help text and, where the valid values are a finite
+set, its choices: what the loader checks (``config_from_dict``) and ``epr config`` prints (docstring: heading)."""
 
 from __future__ import annotations
 
@@ -12,7 +10,9 @@ from typing import Any
 
 from epr.config.names import (  # the names a config may choose from (retrievers, TruthfulQA variants), opt
     DENSE,
+    MODEL,
     RETRIEVERS,
+    SEED,
     TQA_LEARNED_VARIANTS,
     TQA_VARIANTS,
     RetrieverName,
@@ -21,13 +21,11 @@ from epr.config.names import (  # the names a config may choose from (retrievers
     section_field,
 )
 from epr.config.prompt import PromptConfig
+from epr.config.reward import RewardConfig
 from epr.config.server import ServerConfig
 from epr.config.truthfulqa import RagsysConfig, TruthfulQAConfig
 from epr.types import ConfigError
 
-SEED = {"ge": 0, "le": 2**32 - 1}  # what numpy and torch take as a seed
-# why a field takes any text (``opt(..., free=...)``): checked where it is used, with the value named
-MODEL = "a model name: resolved when loaded (a packaged name, a hub id or a folder; the error names it)"
 COLUMN = "a column name of the data file: the loader names the file's columns when it is missing"
 
 __all__ = [
@@ -283,7 +281,7 @@ class RetrieveConfig:
     retrievers: tuple[str, ...] = opt(
         ("random", "bm25", "sbert", "epr", "hybrid", "bm25-oracle"),
         f"compared retrievers: {' | '.join(RETRIEVERS)}; a dense one ({', '.join(DENSE)}) may add RAGSys "
-        "re-ranking as +div or +div+bias",
+        "re-ranking as +div or +div+bias; a ranking one the reward model's re-ranking as +rm (epr/reward/)",
         free="names checked at load: a known first stage each, +div / +div+bias only after a dense one",
     )
     k: int = opt(50, "retrieved before fitting into the prompt budget", ge=1)
@@ -381,6 +379,7 @@ class ExperimentConfig:
     scoring: ScoringConfig = section_field(ScoringConfig)
     labels: LabelsConfig = section_field(LabelsConfig)
     train: TrainConfig = section_field(TrainConfig)
+    reward: RewardConfig = section_field(RewardConfig)
     retrieve: RetrieveConfig = section_field(RetrieveConfig)
     select: SelectConfig = section_field(SelectConfig)
     generate: GenerateConfig = section_field(GenerateConfig)

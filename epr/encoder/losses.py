@@ -29,6 +29,7 @@ __all__ = [
     "inbatch_contrastive",
     "listwise_loss",
     "distill_loss",
+    "group_kl",
     "group_loss",
     "gather_keep_local_grad",
     "gather_plain",
@@ -105,6 +106,19 @@ def listwise_loss(
     return rank_loss + weight * inbatch_contrastive(sim, best, doc_ids)
 
 
+def group_kl(
+    student: torch.Tensor, teacher: torch.Tensor, valid: torch.Tensor, teacher_temperature: float = 1.0
+) -> torch.Tensor:
+    """Mean over rows of ``KL(softmax(teacher / teacher_temperature) || softmax(student))`` over each row's valid
+    entries (all ``(B, G)``; ``valid`` masks padding): the distillation of an LM's distribution over a query's
+    candidates into a retriever's scores (the dual encoder's, the reward model's)."""
+    neg_inf = float("-inf")
+    log_p_t = torch.log_softmax((teacher.float() / teacher_temperature).masked_fill(~valid, neg_inf), dim=1)
+    log_p_s = torch.log_softmax(student.float().masked_fill(~valid, neg_inf), dim=1)
+    p_t = log_p_t.exp()
+    return torch.where(valid, p_t * (log_p_t - log_p_s), torch.zeros_like(p_t)).sum(1).mean()
+
+
 def distill_loss(
     sim: torch.Tensor,
     teacher: torch.Tensor,
@@ -117,15 +131,10 @@ def distill_loss(
     """LLM-R's distillation: mean over instances of ``KL(p_teacher || p_retriever)`` over the instance's valid
     candidates, ``p_teacher = softmax(teacher / teacher_temperature)``, ``p_retriever = softmax(sim)``, +
     ``weight`` x in-batch contrastive with the teacher's best candidate as positive."""
-    own = _own_block(sim, group_size).float()
-    neg_inf = float("-inf")
-    log_p_t = torch.log_softmax((teacher.float() / teacher_temperature).masked_fill(~valid, neg_inf), dim=1)
-    log_p_s = torch.log_softmax(own.masked_fill(~valid, neg_inf), dim=1)
-    p_t = log_p_t.exp()
-    kl = torch.where(valid, p_t * (log_p_t - log_p_s), torch.zeros_like(p_t)).sum(1).mean()
+    kl = group_kl(_own_block(sim, group_size), teacher, valid, teacher_temperature)
     if weight == 0:
         return kl
-    best_in_group = teacher.float().masked_fill(~valid, neg_inf).argmax(1)
+    best_in_group = teacher.float().masked_fill(~valid, float("-inf")).argmax(1)
     best = group_size * torch.arange(sim.shape[0], device=sim.device) + best_in_group
     return kl + weight * inbatch_contrastive(sim, best, doc_ids)
 

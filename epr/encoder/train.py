@@ -44,7 +44,16 @@ from epr.encoder.losses import gather_keep_local_grad, gather_plain, grad_cache_
 from epr.encoder.model import DualEncoder
 from epr.encoder.settings import effective_train
 
-__all__ = ["TrainingData", "train", "get_dataloader", "make_batch", "compute_loss", "sum_gradients"]
+__all__ = [
+    "TrainingData",
+    "train",
+    "get_dataloader",
+    "make_batch",
+    "compute_loss",
+    "sum_gradients",
+    "make_accelerator",
+    "off_global_rng",
+]
 
 log = logging.getLogger(__name__)
 
@@ -174,7 +183,7 @@ def train(
     else ``models.encoder``."""
     warm = init is not None
     tc, out = effective_train(cfg.train, warm), Path(out)
-    accelerator = _accelerator(tc, out)
+    accelerator = make_accelerator(out, tc.grad_accum, tc.mixed_precision)
     procs = {"accelerate": accelerator.num_processes, "caller": world}
     if torch.distributed.is_initialized():
         procs["torch.distributed"] = torch.distributed.get_world_size()
@@ -249,7 +258,7 @@ def train(
         if skip:
             dl = accelerator.skip_first_batches(dl, skip)
         bar = tqdm(
-            _off_global_rng(dl),
+            off_global_rng(dl),
             desc=f"epoch {epoch + 1}/{tc.epochs}",
             total=steps_per_epoch,
             initial=skip,
@@ -328,19 +337,20 @@ def demo_truncation(model: DualEncoder, task, pool, rows) -> dict:
     return truncation(token_lengths(model.tok, [model.demo(task, pool[i]) for i in ids]), model.max_length)
 
 
-def _accelerator(tc, out: Path) -> Accelerator:
+def make_accelerator(out: Path, grad_accum: int = 1, mixed_precision: str = "no") -> Accelerator:
+    """An Accelerator for a training that checkpoints under ``out`` (the dual encoder's, the reward model's)."""
     from accelerate.state import AcceleratorState
 
-    if AcceleratorState._shared_state.get("_mixed_precision", tc.mixed_precision) != tc.mixed_precision:
+    if AcceleratorState._shared_state.get("_mixed_precision", mixed_precision) != mixed_precision:
         # an earlier training in this process (the learning curve, tests) used another precision; the process
         # layout (PartialState) stays
         AcceleratorState._reset_state()
     return Accelerator(
-        gradient_accumulation_steps=tc.grad_accum, mixed_precision=tc.mixed_precision, project_dir=str(out)
+        gradient_accumulation_steps=grad_accum, mixed_precision=mixed_precision, project_dir=str(out)
     )
 
 
-def _off_global_rng(batches):
+def off_global_rng(batches):
     """Iterate ``batches`` without touching the global RNG (torch's: a DataLoader iterator draws its base seed
     from it when it starts). Otherwise a resumed epoch, which starts a new iterator after the checkpoint's RNG
     state is restored, would draw dropout masks other than the uninterrupted run's."""

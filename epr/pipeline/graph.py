@@ -18,9 +18,11 @@ from epr.pipeline.keys import (
     _examples_keys,
     _predict_keys,
     _prompts_keys,
+    _rerank_deps,
     _rerank_keys,
     _retrieve_deps,
     _retrieve_keys,
+    _reward_keys,
     _scoring_keys,
     _select_keys,
 )
@@ -34,6 +36,7 @@ from epr.stages import (
     prompts,
     rerank,
     retrieve,
+    reward,
     scores,
     select,
 )
@@ -117,6 +120,8 @@ STAGES: dict[str, Stage] = {
             encoder.run_encoder,
             distributed=True,
         ),
+        # the reward model (issue 74): a cross-encoder trained on the same labels, run when asked for
+        Stage("reward", _const("labels"), _reward_keys, reward.run_reward, distributed=True),
         # a sub-run: this run with BM25-ranked labels
         Stage(
             "dr-bm25",
@@ -125,7 +130,7 @@ STAGES: dict[str, Stage] = {
             SubRun(rounds.dr_bm25, "encoder", "sub_run"),
         ),
         Stage("retrieve", _retrieve_deps, _retrieve_keys, retrieve.run_retrieve),
-        Stage("rerank", _const("retrieve"), _rerank_keys, rerank.run_rerank),
+        Stage("rerank", _rerank_deps, _rerank_keys, rerank.run_rerank),
         Stage("prompts", _const("rerank"), _prompts_keys, prompts.run_prompts),
         Stage("predict", _const("prompts"), _predict_keys, predict.run_predict),
         # the served retriever, chosen on a held-out slice of the pool (never the evaluation examples)

@@ -118,7 +118,19 @@ def _rerank_keys(ctx: Context) -> dict:
         keys["ragsys"] = {"lambda_d": cfg.ragsys.lambda_d, "lambda_b": cfg.ragsys.lambda_b}
     if any(parse_retriever_name(n)[2] for n in names):
         keys["quality_lm"] = prompt_key(ctx, scoring_key(cfg, inference=True), inference=True)
+    if reranks_by_reward(
+        ctx
+    ):  # the reward model itself is an upstream stage (its fingerprint is in this one's)
+        keys["reward_top_k"] = cfg.reward.top_k
     return keys
+
+
+def reranks_by_reward(ctx: Context) -> bool:
+    return any(parse_retriever_name(n).rm for n in ctx.cfg.retrieve.retrievers)
+
+
+def _rerank_deps(ctx: Context) -> tuple[str, ...]:
+    return ("retrieve", "reward") if reranks_by_reward(ctx) else ("retrieve",)
 
 
 def _prompts_keys(ctx: Context) -> dict:
@@ -174,3 +186,8 @@ def _encoder_keys(ctx: Context) -> dict:
         train["init"] = "previous"
         train["keeps"] = "a trained epoch"  # never the starting encoder (epr.encoder.dev_metric.best_epoch)
     return {"train": train, "encoder": ctx.cfg.models.encoder}
+
+
+def _reward_keys(ctx: Context) -> dict:
+    """What the reward model's training reads: its section (less ``top_k``, which acts at re-ranking time)."""
+    return {"reward": {k: v for k, v in ctx.cfg.section("reward").items() if k != "top_k"}}

@@ -66,7 +66,7 @@ def rerank_by_name(
     MMR with ``lambda_d``; for ``+bias`` also the quality bias with ``lambda_b`` (``lambda_d`` is 1 without
     ``+div``). Returns the selected ids and their relevance scores (inner products), best first: the one rule the
     ``rerank`` stage and ``epr inspect`` follow."""
-    _, div, bias = parse_retriever_name(name)
+    _, div, bias, _ = parse_retriever_name(name)
     if not (div or bias):
         return ids, np.einsum("nkd,nd->nk", pool_emb[ids], query_emb)
     if bias and quality is None:

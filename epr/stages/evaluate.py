@@ -45,7 +45,7 @@ def _arr(rows: list[dict], key: str) -> np.ndarray:
 
 def retriever_result(task, name: str, ev: list, prompts: list[dict], preds: list[dict], lp_empty) -> tuple:
     """One retriever's row of the table and its per-example records."""
-    base, div, bias = parse_retriever_name(name)
+    base, div, bias, rm = parse_retriever_name(name)
     correct = [task.is_correct(p["prediction"], e.output) for p, e in zip(preds, ev)]
     extra = [task.metrics(p["prediction"], e.output) for p, e in zip(preds, ev)]
     m, lo, hi = mean_ci([100.0 * c for c in correct])
@@ -59,7 +59,7 @@ def retriever_result(task, name: str, ev: list, prompts: list[dict], preds: list
         "prompt_status": {
             s: sum(p["status"] == s for p in prompts) for s in ("ok", "no_demo_fits", "query_too_long")
         },
-        "paper": PAPER.get(task.name, {}).get(base) if not (div or bias) else None,
+        "paper": PAPER.get(task.name, {}).get(base) if not (div or bias or rm) else None,
         **logprob_metrics(_arr(preds, "gold_logprob"), lp_empty),
     }
     for k in task.extra_metrics:

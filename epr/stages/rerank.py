@@ -1,4 +1,5 @@
-"""Stage ``rerank``: RAGSys re-ranking (Algorithm 1) of the first-stage rankings, for ``+div`` / ``+div+bias`` names.
+"""Stage ``rerank``: RAGSys re-ranking (Algorithm 1) of the first-stage rankings, for ``+div`` / ``+div+bias`` names,
+and the reward model's (``+rm``: the first stage's top ``reward.top_k`` re-scored with each query, best first).
 
 Writes ``<name>.jsonl`` for every name of ``retrieve.retrievers``: the first stage's ranking unchanged for a plain
 name, the MMR selection (``retrieve.max_demos`` ids) for a re-ranked one. The quality bias (``+bias``) is the mean
@@ -48,14 +49,34 @@ def pool_quality(ctx: Context) -> np.ndarray:
     return np.asarray(chunks.map(items, 256, compute, desc="quality bias", unit="demo"), dtype=np.float32)
 
 
+def reward_rerank(ctx: Context, rows: list[dict], model=None) -> list[dict]:
+    """The first stage's ``rows`` (one per compared example, ``idx`` its row of the eval split), each cut to its top
+    ``reward.top_k`` and ordered by the trained reward model's score of (example input, demonstration)."""
+    from epr.reward.model import CrossEncoder, rerank
+    from epr.stages.retrieve import eval_examples
+    from epr.stages.reward import reward_dir
+
+    model = model or CrossEncoder.from_pretrained(str(reward_dir(ctx)))
+    pool, ev = ctx.examples("pool"), {e.idx: e for e in eval_examples(ctx)}
+    k = ctx.cfg.reward.top_k
+    out = []
+    for r in rows:
+        ids = r["ids"][:k]
+        sel, sc = rerank(model, ev[r["idx"]].input, ids, [model.demo(ctx.task, pool[i]) for i in ids])
+        out.append({"idx": r["idx"], "ids": sel, "scores": [round(x, 6) for x in sc]})
+    return out
+
+
 def run_rerank(ctx: Context, out: Path, fp: str) -> dict:
     cfg = ctx.cfg
     first = ctx.stage_dir("retrieve")
     quality = None
     for name in cfg.retrieve.retrievers:
-        base, div, bias = parse_retriever_name(name)
+        base, div, bias, rm = parse_retriever_name(name)
         rows = list(read_jsonl(first / f"{base}.jsonl"))
-        if div or bias:
+        if rm:
+            rows = reward_rerank(ctx, rows)
+        elif div or bias:
             if bias and quality is None:
                 quality = pool_quality(ctx)
             ids = np.array([r["ids"] for r in rows], dtype=np.int64)
