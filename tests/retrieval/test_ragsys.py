@@ -13,11 +13,12 @@ from ragsys import mmr_select_reference
 @pytest.mark.parametrize(
     "name,want",
     [
-        ("epr", ("epr", False, False)),
-        ("epr+div", ("epr", True, False)),
-        ("epr+div+bias", ("epr", True, True)),
-        ("sbert+bias", ("sbert", False, True)),
-        ("dr-bm25+div", ("dr-bm25", True, False)),
+        ("epr", ("epr", False, False, False)),
+        ("epr+div", ("epr", True, False, False)),
+        ("epr+div+bias", ("epr", True, True, False)),
+        ("sbert+bias", ("sbert", False, True, False)),
+        ("dr-bm25+div", ("dr-bm25", True, False, False)),
+        ("hybrid+rm", ("hybrid", False, False, True)),
     ],
 )
 def test_parse_retriever_name(name, want):
