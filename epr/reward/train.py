@@ -29,11 +29,32 @@ from epr.encoder.losses import group_kl
 from epr.encoder.train import TrainingData, make_accelerator, off_global_rng
 from epr.reward.model import CrossEncoder
 
-__all__ = ["train_reward", "dev_metrics", "group_scores"]
+__all__ = ["train_reward", "dev_metrics", "group_scores", "merge_rounds"]
 
 log = logging.getLogger(__name__)
 
 WARMUP = 0.1  # of the optimizer steps
+
+
+def merge_rounds(rounds: list[list[LabelRow]]) -> list[LabelRow]:
+    """Every round's label rows as one row per labelled example: the union of its scored candidates (a pair scored
+    in two rounds has one score: the same LM scored the same sequence), best first (ties: lower id), with the last
+    round's positives and negatives. Examples in the order they first appear."""
+    merged: dict[int, dict[int, float]] = {}
+    last: dict[int, LabelRow] = {}
+    for rows in rounds:
+        for r in rows:
+            merged.setdefault(r.qid, {}).update(zip(r.cands, r.cand_scores))
+            last[r.qid] = r
+    out = []
+    for qid, cands in merged.items():
+        order = sorted(cands.items(), key=lambda t: (-t[1], t[0]))
+        out.append(
+            LabelRow(
+                qid, last[qid].pos, last[qid].neg, tuple(i for i, _ in order), tuple(s for _, s in order)
+            )
+        )
+    return out
 
 
 def group_scores(model, rows: list[LabelRow], groups: list[tuple], pool, task) -> torch.Tensor:

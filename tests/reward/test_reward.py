@@ -187,3 +187,42 @@ def test_a_plus_rm_retriever_is_its_first_stage_reranked_by_the_trained_reward_m
     deeper = _ctx(tmp_path, tiny, tiny_lm_dir, minilm_dir, *sets[:-3], "reward.top_k=5", *sets[2:])
     assert pipeline.stage_fingerprint(deeper, "reward") == pipeline.stage_fingerprint(ctx, "reward")
     assert pipeline.stage_fingerprint(deeper, "rerank") != pipeline.stage_fingerprint(ctx, "rerank")
+
+
+def test_every_rounds_candidates_are_merged_per_example():
+    from epr.reward.train import merge_rounds
+
+    r1 = [
+        LabelRow(0, (5,), (7,), (5, 6, 7), (-1.0, -2.0, -3.0)),
+        LabelRow(1, (2,), (3,), (2, 3), (-0.5, -4.0)),
+    ]
+    r2 = [
+        LabelRow(0, (8,), (6,), (8, 5, 6), (-0.2, -1.0, -2.0)),
+        LabelRow(4, (1,), (2,), (1, 2), (-1.0, -1.0)),
+    ]
+    got = {r.qid: r for r in merge_rounds([r1, r2])}
+    assert list(got) == [0, 1, 4]
+    assert got[0].cands == (8, 5, 6, 7) and got[0].cand_scores == (-0.2, -1.0, -2.0, -3.0)
+    assert (got[0].pos, got[0].neg) == ((8,), (6,))  # the last round's
+    assert got[4].cands == (1, 2)  # a tie: lower id first
+    assert merge_rounds([r1]) == r1  # one round: its rows as they were (negative control: nothing invented)
+
+
+def test_the_reward_model_learns_from_every_rounds_labels(tmp_path, tiny, tiny_lm_dir, minilm_dir):
+    """Two rounds: the reward stage trains on the union of round 1's (BM25's) and round 2's (re-mined) scored
+    candidates of each example, as many pairs as the two label files hold distinct (query, candidate) pairs."""
+    from epr.artifacts import read_jsonl
+
+    ctx = _ctx(tmp_path, tiny, tiny_lm_dir, minilm_dir, "reward.epochs=0", "reward.dev_size=0", "candidates.rounds=2",
+               f"models.encoder={minilm_dir}", "train.epochs=1", "train.batch_size=4", "train.chunk_size=0",
+               "train.dev_size=2")  # fmt: skip
+    pipeline.run(ctx, until="reward")
+    pairs = set()
+    for r in ctx.rounds():
+        pairs |= {
+            (x["qid"], c) for x in read_jsonl(r.stage_dir("labels") / "labels.jsonl") for c in x["cands"]
+        }
+    m = read_manifest(ctx.stage_dir("reward"))
+    assert m["rounds"] == 2 and m["rows"]["pairs"] == len(pairs)
+    last = {(x["qid"], c) for x in read_jsonl(ctx.stage_dir("labels") / "labels.jsonl") for c in x["cands"]}
+    assert len(pairs) > len(last)  # negative control: round 2's labels alone are fewer pairs
