@@ -10,7 +10,8 @@ The prompt is built exactly as the run's ``prompts`` stage builds it (``epr.stag
 budget rules, counted in the inference LM's tokens): the API's ready prompt is the prompt that was evaluated.
 
 It ranks the pool by its ``mode`` (:mod:`epr.retrieval.modes`): ``epr`` (the trained dense encoder), ``hybrid``
-(that ranking fused with BM25 over the pool's inputs by reciprocal rank) or ``bm25``. ``from_run`` serves what the
+(that ranking fused with BM25 over the pool's inputs by reciprocal rank) or ``bm25``, each also re-ranked by the
+run's trained reward model (``epr+rm``, ``hybrid+rm``, ``bm25+rm``). ``from_run`` serves what the
 run's ``select`` stage chose (``<run>/select/report.json``), ``epr`` where the run has no finished select stage.
 """
 
@@ -30,7 +31,15 @@ from epr.config import DataConfig, RagsysConfig, RetrieveConfig, config_from_dic
 from epr.encoder.model import DualEncoder
 from epr.prompt import PromptFormat, config_from_spec
 from epr.retrieval.index import build_index, load_index, save_index, search
-from epr.retrieval.modes import LazyBM25, check_mode, rank, run_prompt, served_mode, warn_changed_data
+from epr.retrieval.modes import (
+    LazyBM25,
+    check_mode,
+    rank,
+    run_prompt,
+    run_reranker,
+    served_mode,
+    warn_changed_data,
+)
 from epr.retrieval.prompt_budget import Budget, build_prompt
 from epr.tasks import get_task
 from epr.types import Example, UpstreamError
@@ -127,8 +136,10 @@ class PromptRetriever:
         selection_report: dict | None = None,
         prompt: dict | None = None,
         tokenizer=None,
+        reward=None,
     ):
-        check_mode(mode, bm25_backend)
+        self.reward = reward  # an epr.reward.serve.Reranker (the +rm modes re-rank with it), or None
+        check_mode(mode, bm25_backend, reward is not None)
         self.prompt_config, self._tok, self._format = config_from_spec(prompt), tokenizer, None
         self.encoder, self.pool, self.task = encoder, pool, task
         self._mode, self._bm25 = mode, LazyBM25(bm25_backend)
@@ -148,12 +159,12 @@ class PromptRetriever:
 
     @property
     def mode(self) -> str:
-        """The served ranking: ``epr``, ``hybrid`` or ``bm25`` (settable)."""
+        """The served ranking: ``epr``, ``hybrid`` or ``bm25``, or one of them ``+rm`` (settable)."""
         return self._mode
 
     @mode.setter
     def mode(self, mode: str) -> None:
-        check_mode(mode, self.bm25_backend)
+        check_mode(mode, self.bm25_backend, self.reward is not None)
         self._mode = mode
 
     bm25_backend = property(lambda self: self._bm25.backend, doc="``bm25s`` or ``rank_bm25``")
@@ -195,7 +206,8 @@ class PromptRetriever:
         ragsys = rr["config"].get("ragsys") if rr is not None else None
         qf = run / "rerank" / "quality_bias.npy"
         extra = {"budget": budget, "ragsys": ragsys, "quality": np.load(qf) if qf.exists() and rr else None,
-                 "mode": mode, "bm25_backend": backend, "selection_report": report, "prompt": run_prompt(run)}  # fmt: skip
+                 "mode": mode, "bm25_backend": backend, "selection_report": report, "prompt": run_prompt(run),
+                 "reward": run_reranker(run)}  # fmt: skip
         key = {"encoder": enc_man["fingerprint"], "pool": ex_man["fingerprint"], "factory": factory}
         cached = run / ".cache" / "index" / f"{fingerprint(key)}.faiss"
         if cached.exists():
@@ -232,7 +244,7 @@ class PromptRetriever:
         r = cls(
             parts.encoder, parts.pool, parts.task, parts.index, budget=Budget(**parts.budget), count=parts.count,
             ragsys=parts.ragsys, quality=parts.quality, mode=parts.mode, bm25_backend=parts.bm25_backend,
-            selection_report=parts.selection, prompt=parts.prompt, tokenizer=parts.tokenizer,
+            selection_report=parts.selection, prompt=parts.prompt, tokenizer=parts.tokenizer, reward=parts.reward,
         )  # fmt: skip
         # saved again (save_pretrained, push_to_hub), it keeps its model card and provenance
         r.shipped = {"card": parts.card, "source": parts.source}
@@ -288,7 +300,8 @@ class PromptRetriever:
             keep = ids[0] >= 0
             return ids[0][keep], sc[0][keep]
 
-        return rank(self.mode, query, k, dense, lambda: self._bm25(self.pool))
+        rr = self.reward and (lambda query, ids: self.reward(query, ids, self.pool, self.task))
+        return rank(self.mode, query, k, dense, lambda: self._bm25(self.pool), rr, self.budget.k)
 
     def retrieve(self, query: str, k: int | None = None) -> RetrievalResult:
         """The ``k`` best demonstrations by the served mode (default ``k``: the run's ``retrieve.k``, as the

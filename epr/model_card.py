@@ -27,7 +27,10 @@ def served_section(meta: dict) -> str:
     """Which retriever the folder serves (``meta["mode"]``, ``epr`` for folders written before modes) and, where
     the run's ``select`` stage chose it, why and the numbers it compared on the held-out slice of the pool."""
     mode, sel = meta.get("mode", "epr"), meta.get("selection") or {}
-    ranks = _RANKS[mode].format(b=meta.get("bm25_backend", "bm25s"))
+    ranks = _RANKS[mode.removesuffix("+rm")].format(b=meta.get("bm25_backend", "bm25s"))
+    if mode.endswith("+rm"):
+        ranks += (f", its top {(meta.get('reward') or {}).get('top_k', '?')} re-ordered by the trained reward model "
+                  "(a cross-encoder reading the query and each demonstration together, in `reward/`)")  # fmt: skip
     lines = [_BEGIN, f"## Served retriever: `{mode}`", "",
              f"`retrieve()`, `select()` and the LangChain and dspy adapters rank the pool by {ranks}. "
              "`EPREmbeddings` and RAGSys re-ranking use the trained encoder whatever the mode.", ""]  # fmt: skip

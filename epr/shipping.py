@@ -10,6 +10,7 @@ no config and no model package:
     index.faiss         their prompt-tower embeddings
     tokenizer/          the inference LM's tokenizer, which counts the prompt budget
     quality_bias.npy    the pool's RAGSys quality bias under the run's inference LM (when the run computed it)
+    reward/             the trained reward model (``epr.reward``) a ``+rm`` mode re-ranks with (only for one)
     README.md           a model card: data, LM, loss, training and dev metrics, the run's comparison table
     manifest.json       every other file's size and sha256: ``from_pretrained`` names a missing or corrupt one
 
@@ -202,6 +203,9 @@ def _write(r: PromptRetriever, tmp: Path, card: str | None, run: str | Path | No
     tok.save_pretrained(tmp / "tokenizer")
     if r.quality is not None:
         np.save(tmp / "quality_bias.npy", np.asarray(r.quality, dtype=np.float32))
+    reward = r.reward if r.mode.endswith("+rm") else None  # a plain mode's folder stays without it
+    if reward is not None:
+        reward.save(tmp / "reward")
     b = r.budget
     fmt = FORMAT if r.mode == "epr" else FORMAT_MODES
     meta = {
@@ -215,6 +219,7 @@ def _write(r: PromptRetriever, tmp: Path, card: str | None, run: str | Path | No
         "quality_bias": r.quality is not None,
         "mode": r.mode,
         "bm25_backend": r.bm25_backend,
+        "reward": None if reward is None else {"top_k": reward.top_k},
         "selection": _selection_summary(r.selection_report),
         "source": _source(Path(run)) if run is not None else getattr(r, "shipped", {}).get("source", {}),
     }  # fmt: skip
@@ -316,6 +321,7 @@ class Shipped:
         None  # the prompt format (``PromptFormat.spec``); a folder written before it: the task's
     )
     tokenizer: Any = None
+    reward: Any = None  # an epr.reward.serve.Reranker over the folder's reward/, where it has one
 
 
 def load(path: str | Path, revision: str | None = None, token: str | None = None) -> Shipped:
@@ -326,6 +332,7 @@ def load(path: str | Path, revision: str | None = None, token: str | None = None
     from epr.lm.models import quiet_length_warning
     from epr.retrieval.index import load_index
     from epr.retrieval.modes import BM25_BACKENDS, MODES
+    from epr.reward.serve import Reranker
     from epr.tasks import get_task
 
     path = resolve(path, revision, token)
@@ -347,6 +354,10 @@ def load(path: str | Path, revision: str | None = None, token: str | None = None
     if mode not in MODES or backend not in BM25_BACKENDS:
         raise InputError(f"{f}: mode {mode!r} with BM25 backend {backend!r}; this epr serves modes "
                          f"{', '.join(MODES)} with {' or '.join(BM25_BACKENDS)}")  # fmt: skip
+    if mode.endswith("+rm") and not (meta.get("reward") and (path / "reward").is_dir()):
+        raise InputError(
+            f"{f}: serves {mode!r} but the folder holds no reward model (reward/); export it again"
+        )
     task = get_task(config_from_dict(DataConfig, meta["task"], where=str(f)))
     pool = [Example.from_json(x) for x in read_jsonl(path / "pool.jsonl")]
     index = load_index(path / "index.faiss")
@@ -378,4 +389,5 @@ def load(path: str | Path, revision: str | None = None, token: str | None = None
         selection=meta.get("selection"),
         prompt=prompt,
         tokenizer=tok,
+        reward=Reranker(path / "reward", meta["reward"]["top_k"]) if meta.get("reward") else None,
     )

@@ -317,8 +317,8 @@ class SelectConfig:
     )
     retrievers: tuple[str, ...] = opt(
         ("epr", "hybrid"),
-        "the learned retrievers compared with BM25 (the baseline, always compared)",
-        ("epr", "hybrid"),
+        "the learned retrievers compared with BM25 (the baseline, always compared); +rm: re-ranked by the reward model",
+        ("epr", "hybrid", "epr+rm", "hybrid+rm", "bm25+rm"),
     )
     alpha: float = opt(
         0.05, "a learned retriever is served only if it beats BM25 at this Wilcoxon p (two-sided)", gt=0, le=1

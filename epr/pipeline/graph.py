@@ -24,6 +24,7 @@ from epr.pipeline.keys import (
     _retrieve_keys,
     _reward_keys,
     _scoring_keys,
+    _select_deps,
     _select_keys,
 )
 from epr.stages import (
@@ -134,7 +135,7 @@ STAGES: dict[str, Stage] = {
         Stage("prompts", _const("rerank"), _prompts_keys, prompts.run_prompts),
         Stage("predict", _const("prompts"), _predict_keys, predict.run_predict),
         # the served retriever, chosen on a held-out slice of the pool (never the evaluation examples)
-        Stage("select", _const("examples", "encoder"), _select_keys, select.run_select),
+        Stage("select", _select_deps, _select_keys, select.run_select),
         Stage("evaluate", _evaluate_deps, lambda c: {"task": c.cfg.data.task}, evaluate.run_evaluate),
         # TruthfulQA (RAGSys, SPEC 3): demonstration sets -> log-probabilities -> tables (``epr truthfulqa``)
         *[

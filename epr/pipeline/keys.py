@@ -68,7 +68,17 @@ def _select_keys(ctx: Context) -> dict:
         "bm25_backend": cfg.candidates.backend,
         "prompts": _prompts_keys(ctx),
         "lm": scoring_key(cfg, inference=True),
+        **({"reward_top_k": cfg.reward.top_k} if selects_by_reward(ctx) else {}),
     }
+
+
+def selects_by_reward(ctx: Context) -> bool:
+    """Whether ``select`` compares a ``+rm`` retriever (the reward model is then upstream of it)."""
+    return any(parse_retriever_name(n).rm for n in ctx.cfg.select.retrievers)
+
+
+def _select_deps(ctx: Context) -> tuple[str, ...]:
+    return ("examples", "encoder", "reward") if selects_by_reward(ctx) else ("examples", "encoder")
 
 
 def selects(ctx: Context) -> bool:

@@ -4,10 +4,12 @@ names rank (:mod:`epr.retrieval.retrievers`):
 - ``epr``: the trained dual encoder's ranking (inner product over the faiss index);
 - ``bm25``: BM25 over the pool's *inputs* (:class:`~epr.retrieval.retrievers.BM25Retriever`);
 - ``hybrid``: the two fused by reciprocal rank (:func:`~epr.retrieval.retrievers.rrf_fuse`), each contributing
-  its top ``k`` and the fused top ``k`` kept, as :class:`~epr.retrieval.retrievers.FusionRetriever` does.
+  its top ``k`` and the fused top ``k`` kept, as :class:`~epr.retrieval.retrievers.FusionRetriever` does;
+- ``epr+rm``, ``hybrid+rm``, ``bm25+rm``: that first stage's top ``reward.top_k`` re-ordered by the trained reward
+  model (:class:`epr.reward.serve.Reranker`), as the pipeline's ``rerank`` stage orders the ``+rm`` retrievers.
 
 Scores are each mode's own: inner products (``epr``), BM25 scores (``bm25``), fused ``sum 1 / (60 + rank)``
-(``hybrid``). Every ranking breaks ties deterministically (faiss's exact search, BM25 by id, RRF by first rank).
+(``hybrid``), the reward model's (``+rm``). Every ranking breaks ties deterministically (faiss's exact search, BM25 by id, RRF by first rank).
 """
 
 from __future__ import annotations
@@ -30,22 +32,31 @@ __all__ = [
     "LazyBM25",
     "rank",
     "served_mode",
+    "run_reranker",
     "warn_changed_data",
     "run_prompt",
 ]
 
 log = logging.getLogger(__name__)
 
-MODES = ("epr", "hybrid", "bm25")
+PLAIN_MODES = ("epr", "hybrid", "bm25")
+MODES = (*PLAIN_MODES, *(f"{m}+rm" for m in PLAIN_MODES))
 BM25_BACKENDS = ("bm25s", "rank_bm25")
 
 Ranking = tuple[np.ndarray, np.ndarray]  # (k,) int64 pool ids and (k,) float64 scores, best first
 
 
-def check_mode(mode: str, backend: str) -> None:
-    """A ValueError naming the value and what is allowed, for an unknown mode or BM25 backend."""
+def check_mode(mode: str, backend: str, has_reward: bool | None = None) -> None:
+    """A ValueError naming the value and what is allowed, for an unknown mode or BM25 backend, or (``has_reward``
+    False) a ``+rm`` mode without a reward model."""
     if mode not in MODES:
         raise ValueError(f"mode={mode!r}: choose one of {', '.join(MODES)}")
+    if has_reward is False and mode.endswith("+rm"):
+        raise ValueError(
+            f"mode={mode!r}: re-ranks by a trained reward model, and this retriever has none (a run trains it in "
+            "its reward stage, `epr stage reward`; an exported retriever holds it only when exported serving a "
+            f"+rm mode); serve {mode.removesuffix('+rm')!r} instead, or pass reward=Reranker(folder)"
+        )
     if backend not in BM25_BACKENDS:
         raise ValueError(f"bm25_backend={backend!r}: choose one of {', '.join(BM25_BACKENDS)}")
 
@@ -74,10 +85,19 @@ def rank(
     k: int,
     dense: Callable[[int], Ranking],
     bm25: Callable[[], BM25Retriever],
+    rerank: Callable[[str, np.ndarray], Ranking] | None = None,
+    depth: int = 0,
 ) -> Ranking:
     """The ``k`` best pool ids for ``query`` and their scores under ``mode``. ``dense(n)``: the dense top ``n``
     (ids and inner products, faiss's ``-1`` padding dropped); ``bm25()``: the BM25 retriever over the pool's
-    inputs. Each is called only when the mode needs it."""
+    inputs; ``rerank(query, ids)``: the reward model's order of a first stage's ranking (``+rm`` modes: at most
+    its ``top_k`` ids come back), applied to the first stage's ``max(k, depth)`` best (``depth``: the run's
+    ``retrieve.k``, so that a smaller ``k`` is the top of the same list). Each is called only when needed."""
+    if mode.endswith("+rm"):
+        if rerank is None:
+            raise ValueError(f"mode={mode!r}: re-ranks by a reward model, and this retriever has none")
+        ids, sc = rerank(query, rank(mode.removesuffix("+rm"), query, max(k, depth), dense, bm25)[0])
+        return ids[:k], sc[:k]
     if mode == "epr":
         ids, sc = dense(k)
         return np.asarray(ids, dtype=np.int64), np.asarray(sc, dtype=np.float64)
@@ -124,6 +144,19 @@ def served_mode(run: Path, mode: str | None, enc_fp: str) -> tuple[str, str, dic
     check_mode(mode, backend)
     log.info("%s: serving the %r retriever (%s)", run, mode, why)
     return mode, backend, report
+
+
+def run_reranker(run: Path):
+    """The run's trained reward model as a :class:`~epr.reward.serve.Reranker` (loaded on first use), with the
+    ``top_k`` its ``select`` (else ``rerank``) stage re-ranked with; ``None`` where it has no finished reward stage."""
+    from epr.config.reward import RewardConfig
+    from epr.reward.serve import Reranker
+
+    if read_manifest(run / "reward") is None or not (run / "reward" / "model").is_dir():
+        return None
+    keys = [(read_manifest(run / st) or {}).get("config", {}) for st in ("select", "rerank")]
+    top_k = next((k["reward_top_k"] for k in keys if "reward_top_k" in k), RewardConfig().top_k)
+    return Reranker(run / "reward" / "model", top_k)
 
 
 def warn_changed_data(run: Path, ex_man: dict) -> None:

@@ -49,21 +49,20 @@ def pool_quality(ctx: Context) -> np.ndarray:
     return np.asarray(chunks.map(items, 256, compute, desc="quality bias", unit="demo"), dtype=np.float32)
 
 
-def reward_rerank(ctx: Context, rows: list[dict], model=None) -> list[dict]:
+def reward_rerank(ctx: Context, rows: list[dict]) -> list[dict]:
     """The first stage's ``rows`` (one per compared example, ``idx`` its row of the eval split), each cut to its top
-    ``reward.top_k`` and ordered by the trained reward model's score of (example input, demonstration)."""
-    from epr.reward.model import CrossEncoder, rerank
+    ``reward.top_k`` and ordered by the trained reward model's score of (example input, demonstration): the served
+    ``+rm`` modes' code (:class:`epr.reward.serve.Reranker`)."""
+    from epr.reward.serve import Reranker
     from epr.stages.retrieve import eval_examples
     from epr.stages.reward import reward_dir
 
-    model = model or CrossEncoder.from_pretrained(str(reward_dir(ctx)))
+    rr = Reranker(reward_dir(ctx), ctx.cfg.reward.top_k)
     pool, ev = ctx.examples("pool"), {e.idx: e for e in eval_examples(ctx)}
-    k = ctx.cfg.reward.top_k
     out = []
     for r in rows:
-        ids = r["ids"][:k]
-        sel, sc = rerank(model, ev[r["idx"]].input, ids, [model.demo(ctx.task, pool[i]) for i in ids])
-        out.append({"idx": r["idx"], "ids": sel, "scores": [round(x, 6) for x in sc]})
+        sel, sc = rr(ev[r["idx"]].input, r["ids"], pool, ctx.task)
+        out.append({"idx": r["idx"], "ids": sel.tolist(), "scores": [round(float(x), 6) for x in sc]})
     return out
 
 

@@ -2,7 +2,8 @@
 
 A seeded slice of the training pool (``select.size`` examples that are never labelled queries:
 :func:`epr.stages.candidates.held_out_ids`) plays the part of unseen queries. For each slice example, each retriever
-(BM25 over inputs, the baseline, and the learned ones of ``select.retrievers``: ``epr``, ``hybrid``) retrieves
+(BM25 over inputs, the baseline, and the learned ones of ``select.retrievers``: ``epr``, ``hybrid``, and with the
+reward model's re-ranking ``epr+rm``, ``hybrid+rm``, ``bm25+rm``) retrieves
 demonstrations from the pool with the example itself excluded, the prompt is built by the run's prompt rules, and the
 inference LM gives ``log p(gold output | prompt)`` (one forward pass each, through the run root's score cache).
 
@@ -76,10 +77,13 @@ def choose(lp: dict[str, np.ndarray], learned: list[str], alpha: float) -> dict:
 
 def slice_logprobs(ctx: Context, names: list[str]) -> tuple[list[int], dict[str, np.ndarray]]:
     """The held-out slice's ids and each retriever's per-example ``log p(gold | prompt)`` on it."""
+    from epr.config import parse_retriever_name
     from epr.lm.factory import lm_spec, load, score_cache, scorer_for
     from epr.retrieval.retrievers import make_retriever
+    from epr.reward.serve import Reranker
     from epr.stages.predict import gold_logprob
     from epr.stages.prompts import prompt_maker
+    from epr.stages.reward import reward_dir
 
     cfg, task = ctx.cfg, ctx.task
     pool = ctx.examples("pool")
@@ -89,11 +93,20 @@ def slice_logprobs(ctx: Context, names: list[str]) -> tuple[list[int], dict[str,
     scorer, cache = scorer_for(cfg, model, tok), score_cache(cfg, inference=True)
     make, fmt = prompt_maker(ctx, tok), ctx.prompt(inference=True)
     loaded: dict = {}
-    out = {}
+    out, first = {}, {}
     for name in names:
-        r = make_retriever(name, pool, task, cfg, ctx.encoder_dir(name), loaded)
-        hits = r.retrieve(queries, cfg.retrieve.k, exclude=ids)  # an example is never its own demonstration
-        texts = [make(q, row).text for q, row in zip(queries, hits.ids)]
+        base = parse_retriever_name(name)
+        if base.base not in first:
+            r = make_retriever(base.base, pool, task, cfg, ctx.encoder_dir(base.base), loaded)
+            # an example is never its own demonstration
+            first[base.base] = r.retrieve(queries, cfg.retrieve.k, exclude=ids).ids
+        rows = first[base.base]
+        if base.rm:  # the first stage's top reward.top_k in the reward model's order, as served
+            rr = loaded.setdefault("reward", Reranker(reward_dir(ctx), cfg.reward.top_k))
+            rows = [
+                rr(q.input, [int(i) for i in row if i >= 0], pool, task)[0] for q, row in zip(queries, rows)
+            ]
+        texts = [make(q, row).text for q, row in zip(queries, rows)]
         out[name] = np.asarray(gold_logprob(scorer, cache, fmt, texts, queries), dtype=np.float64)
         log.info(
             "select: %s, mean gold log-prob %.3f on %d held-out pool examples",
