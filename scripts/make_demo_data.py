@@ -2,6 +2,12 @@
 
 Written for this project and released under CC0-1.0. Deterministic: rerun it and the files are identical.
 Outputs use an MTOP-like bracket syntax so the demo exercises the same code paths as the real tasks.
+
+The set is built so that retrieval matters (issue 78; epr/data/README.md says how and what was measured): eleven
+intents share their words ("turn on" the lights, a device, an alarm or some music; "turn off" the lights, a
+device, the music or an alarm; every room in seven of them), while one intent's paraphrases share few ("kill the
+garage lights", "make the garage dark"). BM25 over the inputs then often ranks a demonstration of another intent
+first; a retriever trained on the LM's labels learns which demonstrations the LM copies the right parse from.
 """
 
 from __future__ import annotations
@@ -11,86 +17,96 @@ import random
 from pathlib import Path
 
 ROOMS = ["kitchen", "living room", "bedroom", "bathroom", "garage", "office", "hallway", "basement"]
-TIMES = ["7 am", "6:30 am", "noon", "9 pm", "10:15 pm", "5 pm", "8 am tomorrow", "midnight"]
-DAYS = ["today", "tomorrow", "this weekend", "on Monday", "on Friday", "next week"]
-CITIES = ["Paris", "Boston", "Tokyo", "Lagos", "Lima", "Oslo", "Denver", "Mumbai"]
-ARTISTS = ["Miles Davis", "Adele", "Bach", "Daft Punk", "Nina Simone", "Queen", "Bob Marley", "Bjork"]
+DEVICES = ["fan", "tv", "heater", "speaker", "coffee maker", "dishwasher"]
 GENRES = ["jazz", "rock", "classical music", "reggae", "hip hop", "lo-fi"]
-PEOPLE = ["Alice", "Bob", "Mom", "Dad", "Priya", "Kenji", "Olu", "Sara"]
-ITEMS = ["milk", "eggs", "batteries", "coffee", "dish soap", "bread", "apples", "rice"]
+TIMES = ["7 am", "6:30 am", "noon", "9 pm", "10:15 pm", "5 pm", "8 am tomorrow", "midnight"]
+TEMPS = ["68", "70", "72", "65", "75", "20"]
 TASKS = [
     "take out the trash",
     "water the plants",
     "call the dentist",
     "pay rent",
     "feed the cat",
-    "pick up the kids",
+    "lock the door",
 ]
-TEMPS = ["68", "70", "72", "65", "75", "20"]
 
 
-def s(name: str, value: str) -> str:
+def s(name, value):
     return f"[SL:{name} {value} ]"
 
 
-def make(rng: random.Random) -> tuple[str, str]:
-    kind = rng.randrange(10)
-    r, t, d, c = rng.choice(ROOMS), rng.choice(TIMES), rng.choice(DAYS), rng.choice(CITIES)
-    if kind == 0:
-        x = rng.choice(
-            [f"turn on the {r} lights", f"switch on the lights in the {r}", f"lights on in the {r} please"]
-        )
-        return x, f"[IN:TURN_ON_LIGHT {s('LOCATION', r)} ]"
-    if kind == 1:
-        x = rng.choice(
-            [f"turn off the {r} lights", f"kill the lights in the {r}", f"switch the {r} lights off"]
-        )
-        return x, f"[IN:TURN_OFF_LIGHT {s('LOCATION', r)} ]"
-    if kind == 2:
-        x = rng.choice([f"set an alarm for {t}", f"wake me up at {t}", f"alarm at {t} please"])
-        return x, f"[IN:CREATE_ALARM {s('DATE_TIME', t)} ]"
-    if kind == 3:
-        x = rng.choice([f"what's the weather in {c} {d}", f"will it rain in {c} {d}", f"{c} forecast {d}"])
-        slots = s("LOCATION", c) + " " + s("DATE_TIME", d)
-        return x, f"[IN:GET_WEATHER {slots} ]"
-    if kind == 4:
-        if rng.random() < 0.5:
-            a = rng.choice(ARTISTS)
-            x = rng.choice([f"play some {a}", f"put on {a}", f"I want to hear {a}"])
-            return x, f"[IN:PLAY_MUSIC {s('MUSIC_ARTIST_NAME', a)} ]"
-        g = rng.choice(GENRES)
-        x = rng.choice([f"play {g} in the {r}", f"put some {g} on in the {r}"])
-        return x, f"[IN:PLAY_MUSIC {s('MUSIC_GENRE', g)} {s('LOCATION', r)} ]"
-    if kind == 5:
-        p = rng.choice(PEOPLE)
-        x = rng.choice([f"call {p}", f"phone {p} now", f"give {p} a ring"])
-        return x, f"[IN:CREATE_CALL {s('CONTACT', p)} ]"
-    if kind == 6:
-        p, msg = (
-            rng.choice(PEOPLE),
-            rng.choice(["I'm running late", "dinner is ready", "see you soon", "call me back"]),
-        )
-        x = rng.choice([f"text {p} that {msg}", f"send a message to {p} saying {msg}", f"tell {p} {msg}"])
-        return x, f"[IN:SEND_MESSAGE {s('RECIPIENT', p)} {s('CONTENT_EXACT', msg)} ]"
-    if kind == 7:
-        task = rng.choice(TASKS)
-        x = rng.choice(
+def make(rng):
+    r, d, g, t, v, task = (
+        rng.choice(ROOMS),
+        rng.choice(DEVICES),
+        rng.choice(GENRES),
+        rng.choice(TIMES),
+        rng.choice(TEMPS),
+        rng.choice(TASKS),
+    )
+    loc = s("LOCATION", r)
+    kinds = [
+        (
             [
-                f"remind me to {task} {d}",
-                f"set a reminder {d} to {task}",
-                f"don't let me forget to {task} {d}",
-            ]
-        )
-        return x, f"[IN:CREATE_REMINDER {s('TODO', task)} {s('DATE_TIME', d)} ]"
-    if kind == 8:
-        v = rng.choice(TEMPS)
-        x = rng.choice(
-            [f"set the {r} to {v} degrees", f"make it {v} degrees in the {r}", f"{r} thermostat to {v}"]
-        )
-        return x, f"[IN:SET_TEMPERATURE {s('LOCATION', r)} {s('TEMPERATURE', v)} ]"
-    item = rng.choice(ITEMS)
-    x = rng.choice([f"add {item} to my shopping list", f"put {item} on the grocery list", f"we need {item}"])
-    return x, f"[IN:ADD_TO_LIST {s('ITEM', item)} {s('LIST', 'shopping')} ]"
+                f"turn on the {r} lights",
+                f"lights on in the {r}",
+                f"brighten up the {r}",
+                f"I can't see anything in the {r}",
+            ],
+            f"[IN:TURN_ON_LIGHT {loc} ]",
+        ),
+        (
+            [
+                f"turn off the {r} lights",
+                f"lights off in the {r}",
+                f"make the {r} dark",
+                f"kill the {r} lights",
+            ],
+            f"[IN:TURN_OFF_LIGHT {loc} ]",
+        ),
+        (
+            [f"dim the {r} lights", f"turn the {r} lights down", f"the {r} is too bright"],
+            f"[IN:DIM_LIGHT {loc} ]",
+        ),
+        (
+            [f"set the {r} to {v} degrees", f"turn the heat in the {r} to {v}", f"I want the {r} at {v}"],
+            f"[IN:SET_TEMPERATURE {loc} {s('TEMPERATURE', v)} ]",
+        ),
+        (
+            [f"turn on the {d} in the {r}", f"switch the {r} {d} on", f"start the {d} in the {r}"],
+            f"[IN:TURN_ON_DEVICE {s('DEVICE', d)} {loc} ]",
+        ),
+        (
+            [f"turn off the {d} in the {r}", f"switch the {r} {d} off", f"stop the {d} in the {r}"],
+            f"[IN:TURN_OFF_DEVICE {s('DEVICE', d)} {loc} ]",
+        ),
+        (
+            [f"play {g} in the {r}", f"turn on some {g} in the {r}", f"I feel like {g} in the {r}"],
+            f"[IN:PLAY_MUSIC {s('MUSIC_GENRE', g)} {loc} ]",
+        ),
+        (
+            [f"stop the music in the {r}", f"turn the music off in the {r}", f"quiet in the {r} please"],
+            f"[IN:STOP_MUSIC {loc} ]",
+        ),
+        (
+            [f"set an alarm for {t}", f"wake me up at {t}", f"turn on an alarm for {t}"],
+            f"[IN:CREATE_ALARM {s('DATE_TIME', t)} ]",
+        ),
+        (
+            [f"cancel my {t} alarm", f"turn off the alarm for {t}", f"no alarm at {t} after all"],
+            f"[IN:DELETE_ALARM {s('DATE_TIME', t)} ]",
+        ),
+        (
+            [
+                f"remind me to {task} at {t}",
+                f"at {t} tell me to {task}",
+                f"don't let me forget to {task} at {t}",
+            ],
+            f"[IN:CREATE_REMINDER {s('TODO', task)} {s('DATE_TIME', t)} ]",
+        ),
+    ]
+    xs, y = rng.choice(kinds)
+    return rng.choice(xs), y
 
 
 def main() -> None:
