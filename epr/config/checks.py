@@ -78,6 +78,12 @@ def validate(cfg: ExperimentConfig) -> None:
                 "epr, hybrid, dr-bm25) on an EPR task",
             )
         )
+    checks.append(
+        (
+            cfg.train.max_length != 1,
+            "train.max_length: 1 keeps only the encoder's [CLS] token; use 0 (from the data) or at least 2",
+        )
+    )
     for ok, msg in checks:
         if not ok:
             raise ConfigError(f"config: {msg}")

@@ -239,7 +239,7 @@ class TrainConfig:
     tie_encoders: bool = opt(
         False, "one encoder for queries and demonstrations (false: two, both from models.encoder)"
     )
-    max_length: int = opt(64, "encoder tokens per query / demonstration (with its [CLS] and [SEP])", ge=2)
+    max_length: int = opt(64, "encoder tokens per query / demonstration; 0: the data's longest, uncut", ge=0)
     demo_fields: str = opt(
         "input_output",
         "what of a demonstration the prompt tower reads: input and output (SPEC 2.4) or the input alone",

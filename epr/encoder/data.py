@@ -152,6 +152,13 @@ def token_lengths(tok, texts: Sequence[str]) -> list[int]:
     return [len(x) for x in tok(list(texts), add_special_tokens=True, truncation=False)["input_ids"]]
 
 
+def length_from_data(lengths: Sequence[int], cap: int, multiple: int = 8) -> int:
+    """The encoder length that cuts none of ``lengths`` (token counts with the special tokens): the longest, rounded
+    up to a multiple of ``multiple``, at most ``cap`` (the encoder's own limit) and at least ``multiple``."""
+    longest = max((int(n) for n in lengths), default=0)
+    return max(multiple, min(int(cap), -(-longest // multiple) * multiple))
+
+
 def truncation(lengths: Sequence[int], max_length: int) -> dict:
     """How much of a set of texts an encoder that keeps ``max_length`` tokens cuts: the share of texts longer
     than it and the length quantiles (``lengths``: each text's token count with the special tokens)."""

@@ -38,7 +38,7 @@ from transformers import get_linear_schedule_with_warmup
 from epr.artifacts import atomic_write_text
 from epr.config import train_loss_weight, train_temperature
 from epr.encoder.checkpoints import Checkpoints, save_model
-from epr.encoder.data import sample_group, sample_pair, split_dev, token_lengths, truncation
+from epr.encoder.data import length_from_data, sample_group, sample_pair, split_dev, token_lengths, truncation
 from epr.encoder.dev_metric import best_epoch, evaluate, plot_history
 from epr.encoder.losses import gather_keep_local_grad, gather_plain, grad_cache_backward, group_loss
 from epr.encoder.model import DualEncoder
@@ -203,6 +203,8 @@ def train(
         similarity=tc.similarity,
         demo_fields=tc.demo_fields,
     )
+    if tc.max_length == 0:  # from the data: the longest query or demonstration training reads, uncut
+        model.max_length = data_length(model, task, pool, data.labels)
     cut = demo_truncation(model, task, pool, train_rows)
     if cut["share"] > TRUNCATION_WARN:
         log.warning(
@@ -335,6 +337,19 @@ def demo_truncation(model: DualEncoder, task, pool, rows) -> dict:
     the prompt encoder tokenizes them."""
     ids = sorted({i for r in rows for i in (*r.pos, *r.neg, *r.cands)})
     return truncation(token_lengths(model.tok, [model.demo(task, pool[i]) for i in ids]), model.max_length)
+
+
+def data_length(model: DualEncoder, task, pool, rows) -> int:
+    """``train.max_length: 0``: the encoder length that cuts none of the queries and demonstrations of ``rows``
+    (:func:`epr.encoder.data.length_from_data`), at most the encoder's position limit; logged."""
+    ids = sorted({i for r in rows for i in (*r.pos, *r.neg, *r.cands)})
+    texts = [model.demo(task, pool[i]) for i in ids] + [pool[r.qid].input for r in rows]
+    lengths = token_lengths(model.tok, texts)
+    cap = min(getattr(model.q_model.config, "max_position_embeddings", 512), model.tok.model_max_length)
+    n = length_from_data(lengths, cap)
+    log.info("train.max_length from the data: %d tokens (the longest of %d queries and demonstrations: %d; the "
+             "encoder's limit: %d)", n, len(texts), max(lengths, default=0), cap)  # fmt: skip
+    return n
 
 
 def make_accelerator(out: Path, grad_accum: int = 1, mixed_precision: str = "no") -> Accelerator:

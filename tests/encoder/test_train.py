@@ -149,6 +149,39 @@ def test_training_reports_the_demonstrations_its_max_length_cuts(
     assert cut["truncated"] > 0 and "train.max_length=8 cuts" in caplog.text
 
 
+def test_max_length_zero_takes_the_encoder_length_from_the_data(tmp_path, tiny_task_files, minilm_dir):
+    """``train.max_length: 0``: the longest query or demonstration the training reads, rounded up to 8, cuts none
+    of them, and the saved encoder serves with that length (the 8-token run above is the negative control)."""
+    import json
+
+    from transformers import AutoTokenizer
+
+    from epr.artifacts import read_jsonl
+    from epr.config import load_config
+    from epr.encoder.data import demo_text, length_from_data
+    from epr.stages.encoder import run_encoder
+    from epr.types import ConfigError
+
+    assert (length_from_data([5, 17, 9], 512), length_from_data([600], 512), length_from_data([], 512)) == (
+        24, 512, 8,
+    )  # fmt: skip
+    with pytest.raises(ConfigError, match="train.max_length: 1"):
+        load_config([], ["train.max_length=1"])
+    ctx = bm25_ctx(
+        tmp_path, tiny_task_files, minilm_dir, "train.epochs=1", "train.dev_size=0", "train.max_length=0"
+    )
+    cut = run_encoder(ctx, ctx.stage_dir("encoder"), "test")["extra"]["demo_truncation"]
+    pool = ctx.examples("pool")
+    labels = read_labels(list(read_jsonl(ctx.stage_dir("labels") / "labels.jsonl")), len(pool), "x")
+    tok = AutoTokenizer.from_pretrained(minilm_dir)
+    texts = [demo_text(ctx.task, pool[i]) for i in {i for r in labels for i in (*r.pos, *r.neg, *r.cands)}]
+    longest = max(len(tok(t)["input_ids"]) for t in [*texts, *(pool[r.qid].input for r in labels)])
+    want = -(-longest // 8) * 8
+    assert cut["truncated"] == 0 and cut["max_length"] == want > 8
+    saved = json.loads((ctx.stage_dir("encoder") / "model" / "dual_encoder.json").read_text())
+    assert saved["max_length"] == want
+
+
 # 20 training instances (24 labelled, 4 dev) in batches of 4: 5 steps per epoch, 10 in all; checkpoints
 # every 2 steps mid-epoch (2, 4, 6, 8) and at each epoch end (5, 10)
 RESUME = ("train.epochs=2", "train.checkpoint_every=2")
