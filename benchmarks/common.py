@@ -22,6 +22,20 @@ def matmul_tflops(dtype: torch.dtype, n: int = 2048, reps: int = 5) -> float:
     return 2 * n**3 * reps / (time.perf_counter() - t) / 1e12
 
 
+def machine_slug(m: dict) -> str:
+    """A result file's machine part: the AMD generation where known (``zen4``), else the CPU name, slugged."""
+    import re
+
+    from epr.reports.machine import ZEN
+
+    gen = ZEN.get((str(m.get("cpu_family")), str(m.get("cpu_model")))) if "AMD" in m["cpu"] else None
+    return (
+        re.sub(r"[^a-z0-9]+", "", gen.lower())
+        if gen
+        else re.sub(r"[^a-z0-9]+", "-", m["cpu"].lower()).strip("-")
+    )
+
+
 def save(name: str, raw: dict, markdown: str, out: Path | None = None) -> None:
     """``<out>/<name>.json`` (raw) and ``.md``; ``out`` defaults to ``benchmarks/results``."""
     out = RESULTS if out is None else Path(out)

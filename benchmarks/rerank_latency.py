@@ -12,13 +12,12 @@ Writes ``benchmarks/results/rerank-latency-<machine>.{json,md}``, naming the mac
 from __future__ import annotations
 
 import argparse
-import re
 import time
 
 import numpy as np
 import torch
 
-from benchmarks.common import describe, machine, save
+from benchmarks.common import describe, machine, machine_slug, save
 
 
 def per_query(fn, queries: list[str]) -> float:
@@ -81,14 +80,7 @@ def main(argv: list[str] | None = None) -> dict:
         f"| dense + reward re-ranking of the top {a.top_k} | {rows['dense_plus_rerank_ms']:.1f} | {rows['ratio']:.1f} |\n\n"
         f"Command: `python -m benchmarks.rerank_latency --queries {a.queries} --top-k {a.top_k}`.\n"
     )
-    from epr.reports.machine import ZEN
-
-    gen = ZEN.get((str(m.get("cpu_family")), str(m.get("cpu_model")))) if "AMD" in m["cpu"] else None
-    slug = (
-        re.sub(r"[^a-z0-9]+", "", gen.lower())
-        if gen
-        else re.sub(r"[^a-z0-9]+", "-", m["cpu"].lower()).strip("-")
-    )
+    slug = machine_slug(m)
     save(f"rerank-latency-{slug}", raw, md)
     return raw
 

@@ -24,10 +24,12 @@ from benchmarks.common import describe, machine, save
 
 
 def one(
-    batch: int, chunk: int, steps: int, data_dir: str, precision: str = "no", docs: int = 2, buckets: int = 1
-) -> dict:
+    batch: int, chunk: int, steps: int, data_dir: str, precision: str = "no", docs: int = 2, buckets: int = 1,
+    task_name: str = "mtop", max_length: int = 64,
+) -> dict:  # fmt: skip
     """``docs`` demonstrations per query; ``precision``: no (fp32) | bf16 (autocast, as accelerate runs it);
-    ``buckets``: ``train.length_buckets`` (length-sorted sub-batches, without GradCache)."""
+    ``buckets``: ``train.length_buckets`` (length-sorted sub-batches, without GradCache); ``task_name``'s pool,
+    the encoder keeping ``max_length`` tokens."""
     import contextlib
 
     import numpy as np
@@ -37,10 +39,10 @@ def one(
     from epr.encoder.model import DualEncoder
     from epr.tasks import get_task
 
-    task = get_task(DataConfig(task="mtop", data_dir=data_dir))
+    task = get_task(DataConfig(task=task_name, data_dir=data_dir))
     pool, _ = task.load()
     rng = np.random.default_rng(0)
-    model = DualEncoder.from_pretrained("minilm")
+    model = DualEncoder.from_pretrained("minilm", max_length=max_length)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
     times = []
     autocast = (
@@ -62,6 +64,8 @@ def one(
     ops = count_ops(lambda: _step(model, qs, ds, chunk, docs, buckets), autocast)
     opt.zero_grad()
     return {
+        "task": task_name,
+        "max_length": max_length,
         "batch": batch,
         "chunk": chunk,
         "precision": precision,
@@ -109,10 +113,12 @@ def _step(model, qs, ds, chunk, docs, buckets: int = 1) -> None:
 
 
 def _run_one(
-    b: int, c: int, steps: int, data_dir: str, precision: str = "no", docs: int = 2, buckets: int = 1
-) -> dict:
+    b: int, c: int, steps: int, data_dir: str, precision: str = "no", docs: int = 2, buckets: int = 1,
+    task_name: str = "mtop", max_length: int = 64,
+) -> dict:  # fmt: skip
+    spec = f"{b},{c},{precision},{docs},{buckets},{task_name},{max_length}"
     r = subprocess.run(
-        [sys.executable, "-m", "benchmarks.training", "--one", f"{b},{c},{precision},{docs},{buckets}"]
+        [sys.executable, "-m", "benchmarks.training", "--one", spec]
         + ["--steps", str(steps), "--data-dir", data_dir],
         capture_output=True,
         text=True,
@@ -152,8 +158,9 @@ def main() -> None:
     ap.add_argument("--one", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.one:
-        b, c, precision, docs, buckets = a.one.split(",")
-        print(json.dumps(one(int(b), int(c), a.steps, a.data_dir, precision, int(docs), int(buckets))))
+        b, c, precision, docs, buckets, task_name, max_length = a.one.split(",")
+        print(json.dumps(one(int(b), int(c), a.steps, a.data_dir, precision, int(docs), int(buckets), task_name,
+                             int(max_length))))  # fmt: skip
         return
     if a.precision:
         m = machine()
