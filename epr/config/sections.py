@@ -22,6 +22,7 @@ from epr.config.names import (  # the names a config may choose from (retrievers
 )
 from epr.config.prompt import PromptConfig
 from epr.config.reward import RewardConfig
+from epr.config.select import SelectConfig
 from epr.config.server import ServerConfig
 from epr.config.truthfulqa import RagsysConfig, TruthfulQAConfig
 from epr.types import ConfigError
@@ -303,27 +304,6 @@ class RetrieveConfig:
         "compare on a seeded subset (seed: the top-level seed) of the eval split (the examples stage keeps all)",
         ge=1,
     )
-
-
-@dataclass(frozen=True)
-class SelectConfig:
-    """Which trained retriever serves the run, chosen on a held-out slice of the training pool (never the eval split)."""
-
-    size: int = opt(
-        300,
-        "pool examples held out (seeded; never labelled, never their own demonstration; at most a fifth of a "
-        "wholly labelled pool) the retrievers are compared on; 0: no selection, serve epr",
-        ge=0,
-    )
-    retrievers: tuple[str, ...] = opt(
-        ("epr", "hybrid"),
-        "the learned retrievers compared with BM25 (the baseline, always compared); +rm: re-ranked by the reward model",
-        ("epr", "hybrid", "epr+rm", "hybrid+rm", "bm25+rm"),
-    )
-    alpha: float = opt(
-        0.05, "a learned retriever is served only if it beats BM25 at this Wilcoxon p (two-sided)", gt=0, le=1
-    )
-    seed: int = opt(0, "seed of the held-out slice", **SEED)
 
 
 @dataclass(frozen=True)

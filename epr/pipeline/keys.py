@@ -13,7 +13,10 @@ from epr.lm.factory import label_key, scoring_key
 # Options added after runs were made whose default reproduces what the code did before them: left out of a stage's
 # keys while at that default, so that adding an option does not orphan every trained encoder and cached row.
 # (train.init / warm_epochs / mixed_precision / length_buckets: keyed as they act, by _encoder_keys)
-ADDED_DEFAULTS: dict[str, dict[str, object]] = {"train": {"demo_fields": "input_output"}}
+ADDED_DEFAULTS: dict[str, dict[str, object]] = {
+    "train": {"demo_fields": "input_output"},
+    "select": {"weigh": "logprob"},
+}
 
 
 def section_keys(ctx: Context, name: str) -> dict:
@@ -62,7 +65,7 @@ def _examples_keys(ctx: Context) -> dict:
 def _select_keys(ctx: Context) -> dict:
     cfg = ctx.cfg
     return {
-        "select": cfg.section("select"),
+        "select": section_keys(ctx, "select"),
         "slice_of": {"num_queries": cfg.candidates.num_queries, "query_seed": cfg.candidates.query_seed},
         "k": cfg.retrieve.k,
         "bm25_backend": cfg.candidates.backend,

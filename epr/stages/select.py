@@ -9,7 +9,10 @@ inference LM gives ``log p(gold output | prompt)`` (one forward pass each, throu
 
 The rule (:func:`choose`): among the learned retrievers whose mean gain over BM25 is positive and whose paired
 Wilcoxon signed-rank p is below ``select.alpha``, the one with the highest mean gold log-prob; if none, BM25, and the
-report says that no learned retriever beat it. Writes ``report.json`` (the choice, the reason, every retriever's
+report says that no learned retriever beat it. ``select.weigh: logprob+em`` weighs the paper's metric too: the same
+forward pass says whether greedy decoding reproduces each gold answer (:func:`epr.stages.predict.greedy_exact`), and
+of the retrievers that beat BM25 the one with the highest such exact match is served (then the highest log-prob),
+for tasks where the mode with the higher log-prob has the lower exact match (issue 74, item 5; not the default). Writes ``report.json`` (the choice, the reason, every retriever's
 numbers) and ``per_example.jsonl``; ``PromptRetriever.from_run``, ``epr export`` and the LangChain / dspy adapters
 serve the choice.
 """
@@ -38,11 +41,20 @@ RULE = (
     "serve the learned retriever with the highest mean gold log-prob among those whose mean gain over BM25 is "
     "positive and whose paired Wilcoxon p is below select.alpha; if none, serve BM25"
 )
+RULE_EM = (
+    "among the learned retrievers whose mean gold log-prob gain over BM25 is positive and whose paired Wilcoxon p "
+    "is below select.alpha, serve the one with the highest greedy exact match on the slice (then the highest mean "
+    "gold log-prob); if none, serve BM25"
+)
 
 
-def choose(lp: dict[str, np.ndarray], learned: list[str], alpha: float) -> dict:
+def choose(
+    lp: dict[str, np.ndarray], learned: list[str], alpha: float, em: dict[str, np.ndarray] | None = None
+) -> dict:
     """The selection from per-example gold log-probs (``lp[name]``: one value per slice example, NaN where the
-    prompt did not fit): each retriever's mean and its paired test against BM25, the choice and why. Pure."""
+    prompt did not fit): each retriever's mean and its paired test against BM25, the choice and why. ``em``
+    (``select.weigh: logprob+em``): each example's greedy exact match (1 / 0), which orders the retrievers that beat
+    BM25 before their log-prob does. Pure."""
     base = lp[BASELINE]
     rows = {BASELINE: {"gold_logprob": float(np.nanmean(base)) if len(base) else math.nan}}
     for name in learned:
@@ -50,14 +62,24 @@ def choose(lp: dict[str, np.ndarray], learned: list[str], alpha: float) -> dict:
             "gold_logprob": float(np.nanmean(lp[name])) if len(base) else math.nan,
             **paired_gain(lp[name], base),
         }
+    for name in rows if em is not None else ():
+        rows[name]["em"] = float(100 * np.mean(em[name])) if len(base) else math.nan
     winners = [n for n in learned if rows[n]["gain"] > 0 and rows[n]["p"] < alpha]
     if winners:
-        best = max(winners, key=lambda n: (rows[n]["gold_logprob"], -learned.index(n)))
+        by = (lambda n: (rows[n]["em"], rows[n]["gold_logprob"], -learned.index(n))) if em is not None else (
+            lambda n: (rows[n]["gold_logprob"], -learned.index(n))
+        )  # fmt: skip
+        best = max(winners, key=by)
         r = rows[best]
         reason = (
             f"{best} beat BM25 on {len(base)} held-out pool examples: {r['gain']:+.2f} nats of gold log-prob "
             f"(Wilcoxon p = {r['p']:.2g})"
         )
+        if em is not None:
+            reason += (
+                f"; the highest greedy exact match of the {len(winners)} that did ({r['em']:.1f} vs BM25's "
+                f"{rows[BASELINE]['em']:.1f})"
+            )
     else:
         best = BASELINE
         tried = ", ".join(f"{n} {rows[n]['gain']:+.2f} nats (p = {rows[n]['p']:.2g})" for n in learned)
@@ -69,19 +91,22 @@ def choose(lp: dict[str, np.ndarray], learned: list[str], alpha: float) -> dict:
         "selected": best,
         "reason": reason,
         "baseline": BASELINE,
-        "rule": RULE,
+        "rule": RULE if em is None else RULE_EM,
         "alpha": alpha,
         "rows": rows,
     }
 
 
-def slice_logprobs(ctx: Context, names: list[str]) -> tuple[list[int], dict[str, np.ndarray]]:
-    """The held-out slice's ids and each retriever's per-example ``log p(gold | prompt)`` on it."""
+def slice_logprobs(
+    ctx: Context, names: list[str], with_em: bool = False
+) -> tuple[list[int], dict[str, np.ndarray], dict[str, np.ndarray] | None]:
+    """The held-out slice's ids, each retriever's per-example ``log p(gold | prompt)`` on it and (``with_em``) its
+    greedy exact match read off the same forward pass (:func:`epr.stages.predict.greedy_exact`: 1 / 0)."""
     from epr.config import parse_retriever_name
     from epr.lm.factory import lm_spec, load, score_cache, scorer_for
     from epr.retrieval.retrievers import make_retriever
     from epr.reward.serve import Reranker
-    from epr.stages.predict import gold_logprob
+    from epr.stages.predict import gold_logprob, greedy_exact
     from epr.stages.prompts import prompt_maker
     from epr.stages.reward import reward_dir
 
@@ -93,7 +118,12 @@ def slice_logprobs(ctx: Context, names: list[str]) -> tuple[list[int], dict[str,
     scorer, cache = scorer_for(cfg, model, tok), score_cache(cfg, inference=True)
     make, fmt = prompt_maker(ctx, tok), ctx.prompt(inference=True)
     loaded: dict = {}
-    out, first = {}, {}
+    out, first, em = {}, {}, ({} if with_em else None)
+    if with_em and not hasattr(scorer, "score_greedy"):
+        raise ConfigError(
+            f"select.weigh={cfg.select.weigh}: greedy exact match is read off the in-process LM's forward pass, and "
+            f"this run scores through {type(scorer).__name__}; use select.weigh=logprob ({cfg.run_dir})"
+        )
     for name in names:
         base = parse_retriever_name(name)
         if base.base not in first:
@@ -107,14 +137,19 @@ def slice_logprobs(ctx: Context, names: list[str]) -> tuple[list[int], dict[str,
                 rr(q.input, [int(i) for i in row if i >= 0], pool, task)[0] for q, row in zip(queries, rows)
             ]
         texts = [make(q, row).text for q, row in zip(queries, rows)]
-        out[name] = np.asarray(gold_logprob(scorer, cache, fmt, texts, queries), dtype=np.float64)
+        if em is not None:
+            rows_em, lp = greedy_exact(scorer, cache, fmt, texts, queries, cfg.generate.max_new_tokens)
+            em[name] = np.asarray([float(r["correct"]) for r in rows_em])
+        else:
+            lp = gold_logprob(scorer, cache, fmt, texts, queries)
+        out[name] = np.asarray(lp, dtype=np.float64)
         log.info(
             "select: %s, mean gold log-prob %.3f on %d held-out pool examples",
             name,
             np.nanmean(out[name]),
             len(ids),
         )
-    return [int(i) for i in ids], out
+    return [int(i) for i in ids], out, em
 
 
 def fewest_servable(alpha: float) -> int:
@@ -160,12 +195,16 @@ def run_select(ctx: Context, out: Path, fp: str) -> dict:
             f"select: no pool example is left to hold out (the pool's every example is a labelled query); lower "
             f"candidates.num_queries or set select.size=0 to skip selection (serves epr) ({ctx.cfg.run_dir})"
         )
-    ids, lp = slice_logprobs(ctx, [BASELINE, *learned])
-    report = {**choose(lp, learned, s.alpha), "n": len(ids), "backend": ctx.cfg.candidates.backend}
+    ids, lp, em = slice_logprobs(ctx, [BASELINE, *learned], with_em=s.weigh == "logprob+em")
+    report = {**choose(lp, learned, s.alpha, em), "n": len(ids), "backend": ctx.cfg.candidates.backend}
     write_jsonl(
         out / "per_example.jsonl",
         [
-            {"idx": i, **{n: (None if np.isnan(v[j]) else float(v[j])) for n, v in lp.items()}}
+            {
+                "idx": i,
+                **{n: (None if np.isnan(v[j]) else float(v[j])) for n, v in lp.items()},
+                **{f"{n}:em": float(v[j]) for n, v in (em or {}).items()},
+            }
             for j, i in enumerate(ids)
         ],
     )
