@@ -51,7 +51,9 @@ def test_bad_values_are_named(override, match):
 def test_retriever_names_checked_at_load(bad, msg):
     with pytest.raises(ValueError, match=msg):
         load_config([], [f"retrieve.retrievers=epr,{bad}"])
-    ok = load_config([], ["retrieve.retrievers=random,bm25,sbert+div,epr+div+bias,lm-oracle,bm25+rm,hybrid+rm"])
+    ok = load_config(
+        [], ["retrieve.retrievers=random,bm25,sbert+div,epr+div+bias,lm-oracle,bm25+rm,hybrid+rm"]
+    )
     assert ok.retrieve.retrievers[-2:] == ("bm25+rm", "hybrid+rm")
 
 
