@@ -35,7 +35,14 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--reps", type=int, default=10)
     a = ap.parse_args(argv)
     from epr.lm.cpu_linear import PackedLinear, packing_supported
-    from epr.lm.int8_linear import Int8Linear, cpu_int8_flags, int8_supported, quantize_rows
+    from epr.lm.int8_linear import (
+        FusedInt8Linear,
+        Int8Linear,
+        cpu_int8_flags,
+        fused_supported,
+        int8_supported,
+        quantize_rows,
+    )
 
     why = int8_supported()
     if why is not None:
@@ -49,6 +56,8 @@ def main(argv: list[str] | None = None) -> dict:
             q8, xq = Int8Linear(w), quantize_rows(xb)[0]
             fns = {"fp32": (F.linear, x, w), "bf16": (F.linear, xb, wb), "int8": (q8, xb),
                    "int8 product alone": (torch._int_mm, xq, q8.qweight_t)}  # fmt: skip
+            if fused_supported() is None:
+                fns["int8 fused"] = (FusedInt8Linear(w), xb)
             if packing_supported(torch.float32):
                 fns["fp32 packed"] = (PackedLinear(w), x)
             r = {"layer": name, "in": k, "out": n}
@@ -62,18 +71,25 @@ def main(argv: list[str] | None = None) -> dict:
           f"{', '.join(cpu_int8_flags())})", "",
           f"{a.tokens} token rows per call, mean of {a.reps} calls after a warm-up; GFLOP/s of the product (int8 "
           "includes quantising its input rows and rescaling its output).", "",
-          "| layer (in -> out) | fp32 | fp32 packed | bf16 | int8 | int8 vs bf16 | int8 product alone | its vs bf16 |",
-          "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+          "| layer (in -> out) | fp32 | fp32 packed | bf16 | int8 | int8 vs bf16 | int8 product alone | its vs bf16 "
+          "| int8 fused (oneDNN) | its vs bf16 |", "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in rows:
         gf = {d: flops[r["layer"]] / r[d] / 1e9 for d in total if d in r}
         md.append(f"| {r['layer']} ({r['in']} -> {r['out']}) | {gf['fp32']:.0f} | {gf.get('fp32 packed', 0):.0f} | "
                   f"{gf['bf16']:.0f} | {gf['int8']:.0f} | {r['bf16'] / r['int8']:.2f}x | "
-                  f"{gf['int8 product alone']:.0f} | {r['bf16'] / r['int8 product alone']:.2f}x |")  # fmt: skip
+                  f"{gf['int8 product alone']:.0f} | {r['bf16'] / r['int8 product alone']:.2f}x | "
+                  f"{gf.get('int8 fused', 0):.0f} | {r['bf16'] / r.get('int8 fused', float('inf')):.2f}x |")  # fmt: skip
+    fused = (
+        f" oneDNN's int8 inner product with the rescale fused (epr.lm.int8_linear.FusedInt8Linear; its input "
+        f"quantised per tensor in eager passes, counted): {total['bf16'] / total['int8 fused']:.2f}x bf16."
+        if "int8 fused" in total
+        else " (oneDNN's fused int8 product is not available here.)"
+    )
     md += ["", f"All four layers: int8 {total['bf16'] / total['int8']:.2f}x bf16 ({total['fp32'] / total['int8']:.2f}x "
            f"fp32); the int8 product alone, its input already quantised: "
-           f"{total['bf16'] / total['int8 product alone']:.2f}x bf16. The difference is the per-row quantisation "
-           "of the input in eager passes, the part a fused kernel (or one quantisation shared by the layers that "
-           "read the same input) would save.",
+           f"{total['bf16'] / total['int8 product alone']:.2f}x bf16. The difference is Int8Linear's eager passes: "
+           "quantising the input and, above all, rescaling the int32 output (one pass over every output element, "
+           "bandwidth-bound)." + fused,
            "", f"Command: `python -m benchmarks.int8_linear --tokens {a.tokens} --reps {a.reps}`.", ""]  # fmt: skip
     raw = {
         "machine": m,

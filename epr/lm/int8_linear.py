@@ -9,6 +9,12 @@ quantises each input row on the fly (per row, the same rule), multiplies in int8
 ``torch._int_mm`` is not public API, so :func:`int8_supported` probes it once against an integer reference; where it
 is missing or wrong, or the CPU has no int8 dot-product instruction (it would run, emulated, slower than bf16),
 nothing is quantised and the caller says why. Inference only.
+
+Measured on two Zen 4 cores (``python -m benchmarks.int8_linear``): the int8 product alone runs ~2x bf16, but the
+eager rescale of :class:`Int8Linear`'s int32 output (one pass over every output element, bandwidth-bound) costs
+more than it saves. :class:`FusedInt8Linear` uses oneDNN's int8 inner product with the dequantisation fused
+(``torch.ops.onednn.qlinear_pointwise``, the op PyTorch's x86 int8 compiler path emits): per-channel int8 weights,
+the input quantised per tensor (uint8 with a zero point), the output written in bf16 / fp32 directly.
 """
 
 from __future__ import annotations
@@ -19,7 +25,14 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["Int8Linear", "int8_supported", "cpu_int8_flags", "quantize_rows"]
+__all__ = [
+    "Int8Linear",
+    "FusedInt8Linear",
+    "int8_supported",
+    "fused_supported",
+    "cpu_int8_flags",
+    "quantize_rows",
+]
 
 log = logging.getLogger(__name__)
 
@@ -81,4 +94,60 @@ class Int8Linear(torch.nn.Module):
     def extra_repr(self) -> str:
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, int8 (per channel / per row)"
+        )
+
+
+def quantize_tensor_u8(x: torch.Tensor) -> tuple[torch.Tensor, float, int]:
+    """Asymmetric uint8 over the whole tensor: ``(q, scale, zero_point)`` with ``x ~= (q - zero_point) * scale``."""
+    lo, hi = torch.aminmax(x)
+    lo, hi = min(float(lo), 0.0), max(float(hi), 0.0)  # zero exactly representable
+    scale = (hi - lo) / 255.0 or 1.0
+    zp = int(round(-lo / scale))
+    return torch.round(x / scale).add_(zp).clamp_(0, 255).to(torch.uint8), scale, zp
+
+
+@functools.cache
+def fused_supported() -> str | None:
+    """``None`` where oneDNN's fused int8 inner product runs here and is exact on a probe; else why not."""
+    why = int8_supported()
+    if why is not None:
+        return why
+    try:
+        g = torch.Generator().manual_seed(0)
+        w = torch.randint(-126, 127, (24, 40), generator=g).float()
+        w[:, 0] = 127
+        x = torch.randint(-126, 128, (5, 40), generator=g).float()
+        x[0, :2] = torch.tensor([-127.0, 128.0])
+        if not torch.equal(FusedInt8Linear(w)(x), x @ w.T):
+            return "oneDNN's int8 inner product disagrees with an exact product on a probe"
+    except Exception as e:  # noqa: BLE001 - a build without the op
+        return f"oneDNN's int8 inner product is unavailable ({type(e).__name__}: {e})"
+    return None
+
+
+class FusedInt8Linear(torch.nn.Module):
+    """``y = x W^T``: ``W`` int8 per output channel, ``x`` uint8 per tensor, oneDNN's product with the rescale fused;
+    the output in ``x``'s dtype (bf16 or fp32)."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        with torch.no_grad():
+            q, s = quantize_rows(weight.detach())
+        self.packed = torch.ops.onednn.qlinear_prepack(q, None)
+        self.wscale = s.view(-1)
+        self.wzp = torch.zeros(self.out_features, dtype=torch.int64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[:-1]
+        out = x.dtype if x.dtype in (torch.bfloat16, torch.float32) else torch.float32
+        q, s, zp = quantize_tensor_u8(x.reshape(-1, self.in_features))
+        y = torch.ops.onednn.qlinear_pointwise(
+            q, s, zp, self.packed, self.wscale, self.wzp, None, 1.0, 0, out, "none", [], ""
+        )
+        return y.view(*lead, self.out_features)
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, int8 oneDNN (fused rescale)"
         )

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from epr.lm import int8_linear as il
-from epr.lm.int8_linear import Int8Linear, int8_supported, quantize_rows
+from epr.lm.int8_linear import FusedInt8Linear, Int8Linear, fused_supported, int8_supported, quantize_rows
 
 needs_int8 = pytest.mark.skipif(int8_supported() is not None, reason=str(int8_supported()))
 
@@ -48,10 +48,34 @@ def test_the_integer_product_is_exact_and_the_output_close_to_fp32():
     assert err_channel < 0.02 < 0.5 < err_tensor
 
 
+@pytest.mark.skipif(fused_supported() is not None, reason=str(fused_supported()))
+def test_the_fused_onednn_layer_is_exact_on_the_grid_and_close_to_fp32():
+    g = torch.Generator().manual_seed(2)
+    w = torch.randint(-126, 127, (40, 64), generator=g).float()
+    w[:, 3] = -127
+    x = torch.randint(-126, 128, (6, 64), generator=g).float()
+    x[0, :2] = torch.tensor(
+        [-127.0, 128.0]
+    )  # one uint8 step per unit: the input's quantisation is the identity
+    assert torch.equal(FusedInt8Linear(w)(x), x @ w.T)
+    w = torch.randn(1536, 576, generator=g) * 0.02
+    x = torch.randn(3, 29, 576, generator=g).bfloat16()
+    ref, got = F.linear(x.float(), w), FusedInt8Linear(w)(x)
+    assert got.dtype == torch.bfloat16 and got.shape == ref.shape
+    assert float((got.float() - ref).norm() / ref.norm()) < 0.02
+    # negative control: the same product without the weights' scales is another number
+    layer = FusedInt8Linear(w)
+    layer.wscale = torch.ones_like(layer.wscale)
+    assert float((layer(x).float() - ref).norm() / ref.norm()) > 1
+
+
 def test_a_cpu_without_int8_instructions_is_refused_with_its_reason(monkeypatch):
     monkeypatch.setattr(il, "cpu_int8_flags", lambda: ())
     il.int8_supported.cache_clear()
+    il.fused_supported.cache_clear()
     try:
         assert "no int8 dot-product instruction" in il.int8_supported()
+        assert "no int8 dot-product instruction" in il.fused_supported()
     finally:
         il.int8_supported.cache_clear()
+        il.fused_supported.cache_clear()
