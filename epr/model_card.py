@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from epr.cache import read_manifest
+from epr.config.names import base_mode, is_reranked
 
 __all__ = ["model_card", "run_card", "served_section", "restate_served"]
 
@@ -27,8 +28,8 @@ def served_section(meta: dict) -> str:
     """Which retriever the folder serves (``meta["mode"]``, ``epr`` for folders written before modes) and, where
     the run's ``select`` stage chose it, why and the numbers it compared on the held-out slice of the pool."""
     mode, sel = meta.get("mode", "epr"), meta.get("selection") or {}
-    ranks = _RANKS[mode.removesuffix("+rm")].format(b=meta.get("bm25_backend", "bm25s"))
-    if mode.endswith("+rm"):
+    ranks = _RANKS[base_mode(mode)].format(b=meta.get("bm25_backend", "bm25s"))
+    if is_reranked(mode):
         ranks += (f", its top {(meta.get('reward') or {}).get('top_k', '?')} re-ordered by the trained reward model "
                   "(a cross-encoder reading the query and each demonstration together, in `reward/`)")  # fmt: skip
     lines = [_BEGIN, f"## Served retriever: `{mode}`", "",

@@ -39,6 +39,7 @@ import numpy as np
 
 from epr.artifacts import apply_umask, atomic_write_text, dir_mode, read_jsonl, sha256_file, write_jsonl
 from epr.cache import read_manifest
+from epr.config.names import is_reranked
 from epr.model_card import model_card, restate_served, run_card
 from epr.types import Example, InputError
 
@@ -203,7 +204,7 @@ def _write(r: PromptRetriever, tmp: Path, card: str | None, run: str | Path | No
     tok.save_pretrained(tmp / "tokenizer")
     if r.quality is not None:
         np.save(tmp / "quality_bias.npy", np.asarray(r.quality, dtype=np.float32))
-    reward = r.reward if r.mode.endswith("+rm") else None  # a plain mode's folder stays without it
+    reward = r.reward if is_reranked(r.mode) else None  # a plain mode's folder stays without it
     if reward is not None:
         reward.save(tmp / "reward")
     b = r.budget
@@ -354,7 +355,7 @@ def load(path: str | Path, revision: str | None = None, token: str | None = None
     if mode not in MODES or backend not in BM25_BACKENDS:
         raise InputError(f"{f}: mode {mode!r} with BM25 backend {backend!r}; this epr serves modes "
                          f"{', '.join(MODES)} with {' or '.join(BM25_BACKENDS)}")  # fmt: skip
-    if mode.endswith("+rm") and not (meta.get("reward") and (path / "reward").is_dir()):
+    if is_reranked(mode) and not (meta.get("reward") and (path / "reward").is_dir()):
         raise InputError(
             f"{f}: serves {mode!r} but the folder holds no reward model (reward/); export it again"
         )

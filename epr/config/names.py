@@ -25,6 +25,8 @@ __all__ = [
     "LEARNED",
     "RAGSYS_SUFFIXES",
     "REWARD_SUFFIX",
+    "is_reranked",
+    "base_mode",
     "RetrieverName",
     "parse_retriever_name",
     "TQA_VARIANTS",
@@ -38,6 +40,16 @@ DENSE = ("sbert", "epr", "dr-bm25")
 LEARNED = ("epr", "hybrid")  # the first stages that use the trained dual encoder
 RAGSYS_SUFFIXES = ("div", "bias")
 REWARD_SUFFIX = "rm"  # +rm: the first stage's top reward.top_k re-scored by the reward model (epr.reward)
+
+
+def is_reranked(mode: str) -> bool:
+    """Whether a served mode (``epr.retrieval.modes``) re-ranks by the reward model: ``hybrid+rm``."""
+    return mode.endswith("+" + REWARD_SUFFIX)
+
+
+def base_mode(mode: str) -> str:
+    """The first stage of a served mode: ``hybrid+rm`` -> ``hybrid``; a plain mode is its own."""
+    return mode.removesuffix("+" + REWARD_SUFFIX)
 
 
 class RetrieverName(NamedTuple):

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from epr.cache import read_manifest
+from epr.config.names import base_mode, is_reranked
 from epr.retrieval.retrievers import BM25Retriever, rrf_fuse
 from epr.types import Example, UpstreamError
 
@@ -51,11 +52,11 @@ def check_mode(mode: str, backend: str, has_reward: bool | None = None) -> None:
     False) a ``+rm`` mode without a reward model."""
     if mode not in MODES:
         raise ValueError(f"mode={mode!r}: choose one of {', '.join(MODES)}")
-    if has_reward is False and mode.endswith("+rm"):
+    if has_reward is False and is_reranked(mode):
         raise ValueError(
             f"mode={mode!r}: re-ranks by a trained reward model, and this retriever has none (a run trains it in "
             "its reward stage, `epr stage reward`; an exported retriever holds it only when exported serving a "
-            f"+rm mode); serve {mode.removesuffix('+rm')!r} instead, or pass reward=Reranker(folder)"
+            f"+rm mode); serve {base_mode(mode)!r} instead, or pass reward=Reranker(folder)"
         )
     if backend not in BM25_BACKENDS:
         raise ValueError(f"bm25_backend={backend!r}: choose one of {', '.join(BM25_BACKENDS)}")
@@ -93,10 +94,10 @@ def rank(
     inputs; ``rerank(query, ids)``: the reward model's order of a first stage's ranking (``+rm`` modes: at most
     its ``top_k`` ids come back), applied to the first stage's ``max(k, depth)`` best (``depth``: the run's
     ``retrieve.k``, so that a smaller ``k`` is the top of the same list). Each is called only when needed."""
-    if mode.endswith("+rm"):
+    if is_reranked(mode):
         if rerank is None:
             raise ValueError(f"mode={mode!r}: re-ranks by a reward model, and this retriever has none")
-        ids, sc = rerank(query, rank(mode.removesuffix("+rm"), query, max(k, depth), dense, bm25)[0])
+        ids, sc = rerank(query, rank(base_mode(mode), query, max(k, depth), dense, bm25)[0])
         return ids[:k], sc[:k]
     if mode == "epr":
         ids, sc = dense(k)

@@ -16,18 +16,7 @@ import numpy as np
 
 from epr.reward.model import META, CrossEncoder, rerank
 
-__all__ = ["Reranker", "SUFFIX", "base_mode", "is_reranked"]
-
-SUFFIX = "+rm"
-
-
-def is_reranked(mode: str) -> bool:
-    return mode.endswith(SUFFIX)
-
-
-def base_mode(mode: str) -> str:
-    """The first stage of a mode: ``hybrid+rm`` -> ``hybrid``; a plain mode is its own."""
-    return mode.removesuffix(SUFFIX)
+__all__ = ["Reranker"]
 
 
 class Reranker:

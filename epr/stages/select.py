@@ -66,10 +66,10 @@ def choose(
         rows[name]["em"] = float(100 * np.mean(em[name])) if len(base) else math.nan
     winners = [n for n in learned if rows[n]["gain"] > 0 and rows[n]["p"] < alpha]
     if winners:
-        by = (lambda n: (rows[n]["em"], rows[n]["gold_logprob"], -learned.index(n))) if em is not None else (
-            lambda n: (rows[n]["gold_logprob"], -learned.index(n))
-        )  # fmt: skip
-        best = max(winners, key=by)
+        first = (
+            (lambda n: (rows[n]["em"],)) if em is not None else (lambda n: ())
+        )  # logprob+em: EM orders first
+        best = max(winners, key=lambda n: (*first(n), rows[n]["gold_logprob"], -learned.index(n)))
         r = rows[best]
         reason = (
             f"{best} beat BM25 on {len(base)} held-out pool examples: {r['gain']:+.2f} nats of gold log-prob "
