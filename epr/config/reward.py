@@ -31,3 +31,8 @@ class RewardConfig:
         200, "optimizer steps between resumable checkpoints (0: per epoch only)", ge=0
     )
     top_k: int = opt(32, "a re-ranking retriever's first-stage candidates re-scored per query", ge=1)
+    teach_k: int = opt(
+        64,
+        "train.teacher: reward: candidates per labelled example, mined as the round mines, it scores",
+        ge=2,
+    )

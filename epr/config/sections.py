@@ -229,7 +229,13 @@ class TrainConfig:
         None, "weight of the in-batch contrastive term; null: 1 listwise, 0.2 distill", ge=0.0
     )
     teacher_temperature: float = opt(
-        1.0, "distill: softmax(LM score / this) is the target distribution", gt=0.0
+        1.0, "distill: softmax(teacher score / this) is the target distribution", gt=0.0
+    )
+    teacher: str = opt(
+        "lm",
+        "whose scores the listwise / distill losses learn: lm (the labels) | reward (the reward model's, over each "
+        "labelled example's reward.teach_k mined candidates: LLM-R's distillation, the teacher stage)",
+        ("lm", "reward"),
     )
     best_by: str = opt(
         "mrr",

@@ -164,12 +164,14 @@ def sum_gradients(model: torch.nn.Module, accelerator) -> None:
 @dataclass(frozen=True)
 class TrainingData:
     """What a training learns from: the pool the labels index, the task (how a demonstration reads), the labels
-    (``read_labels`` rows) and each query's candidate ids (for the dev metric)."""
+    (``read_labels`` rows) and each query's candidate ids (for the dev metric). ``dev_labels``: where the labels
+    are a teacher's (``train.teacher: reward``), the LM's rows the dev metric reads instead, row for row."""
 
     pool: list
     task: Any
     labels: list
     candidates: dict[int, list[int]]
+    dev_labels: list | None = None
 
 
 def train(
@@ -193,6 +195,9 @@ def train(
     set_seed(tc.seed)
     pool, task, cands = data.pool, data.task, data.candidates
     train_rows, dev = split_dev(data.labels, tc.dev_size, tc.seed)
+    if data.dev_labels is not None:  # the same held-out examples, judged by the LM's labels
+        lm = {r.qid: r for r in data.dev_labels}
+        dev = [lm[r.qid] for r in dev]
     k = cfg.labels.k_pos
 
     model = DualEncoder.from_pretrained(

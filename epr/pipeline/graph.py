@@ -13,6 +13,7 @@ from epr.context import Context
 from epr.pipeline import rounds
 from epr.pipeline.keys import (
     _const,
+    _encoder_deps,
     _encoder_keys,
     _evaluate_deps,
     _examples_keys,
@@ -40,6 +41,7 @@ from epr.stages import (
     reward,
     scores,
     select,
+    teacher,
 )
 from epr.truthfulqa import stage as tqa
 
@@ -116,13 +118,20 @@ STAGES: dict[str, Stage] = {
         ),
         Stage(
             "encoder",
-            _const("labels"),
+            _encoder_deps,  # with train.teacher: reward, the teacher stage too
             _encoder_keys,
             encoder.run_encoder,
             distributed=True,
         ),
         # the reward model (issue 74): a cross-encoder trained on the same labels, run when asked for
         Stage("reward", _const("labels"), _reward_keys, reward.run_reward, distributed=True),
+        # LLM-R's distillation target (train.teacher: reward): the reward model's scores of wider mined candidates
+        Stage(
+            "teacher",
+            _const("candidates", "labels", "reward"),
+            lambda c: {"teach_k": c.cfg.reward.teach_k},
+            teacher.run_teacher,
+        ),
         # a sub-run: this run with BM25-ranked labels
         Stage(
             "dr-bm25",
@@ -179,4 +188,4 @@ def final_stage(ctx: Context) -> str:
     return own[-1] if own else "evaluate"
 
 
-ROUND_STAGES = ("candidates", "scores", "labels", "encoder")  # what each round runs anew
+ROUND_STAGES = ("candidates", "scores", "labels", "encoder")  # what each round runs anew (and, asked for, reward, teacher)

@@ -14,7 +14,7 @@ from epr.lm.factory import label_key, scoring_key
 # keys while at that default, so that adding an option does not orphan every trained encoder and cached row.
 # (train.init / warm_epochs / mixed_precision / length_buckets: keyed as they act, by _encoder_keys)
 ADDED_DEFAULTS: dict[str, dict[str, object]] = {
-    "train": {"demo_fields": "input_output"},
+    "train": {"demo_fields": "input_output", "teacher": "lm"},
     "select": {"weigh": "logprob"},
 }
 
@@ -175,6 +175,11 @@ def _scoring_keys(ctx: Context) -> dict:
     return prompt_key(ctx, label_key(ctx.cfg))
 
 
+def _encoder_deps(ctx: Context) -> tuple[str, ...]:
+    """The labels; with ``train.teacher: reward`` also the ``teacher`` stage, whose rows the encoder learns."""
+    return ("labels", "teacher") if ctx.cfg.train.teacher == "reward" else ("labels",)
+
+
 def _encoder_keys(ctx: Context) -> dict:
     """The training settings as they act on this round: mixed precision resolved on this machine (``auto`` keys as
     what it runs, so a machine that trains in fp32 keeps the keys from before the option), and the warm start only
@@ -203,4 +208,4 @@ def _encoder_keys(ctx: Context) -> dict:
 
 def _reward_keys(ctx: Context) -> dict:
     """What the reward model's training reads: its section (less ``top_k``, which acts at re-ranking time)."""
-    return {"reward": {k: v for k, v in ctx.cfg.section("reward").items() if k != "top_k"}}
+    return {"reward": {k: v for k, v in ctx.cfg.section("reward").items() if k not in ("top_k", "teach_k")}}

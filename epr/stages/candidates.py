@@ -67,9 +67,9 @@ def rankings_of(qids, ids, scores) -> list[Ranking]:
     ]
 
 
-def mine_with_retriever(ctx: Context, qids: np.ndarray) -> tuple[list[Ranking], int]:
-    """L candidates per labelled example from the trained encoder of the round before (this run's, or
-    ``candidates.mine_run``'s), the example itself excluded."""
+def mine_with_retriever(ctx: Context, qids: np.ndarray, L: int | None = None) -> tuple[list[Ranking], int]:
+    """``L`` (default ``candidates.L``) candidates per labelled example from the trained encoder of the round before
+    (this run's, or ``candidates.mine_run``'s), the example itself excluded."""
     import dataclasses
 
     from epr.retrieval.retrievers import make_retriever
@@ -99,7 +99,7 @@ def mine_with_retriever(ctx: Context, qids: np.ndarray) -> tuple[list[Ranking], 
     # exact search (Flat), whatever retrieve.index_factory says: the candidates' key does not hold that setting
     flat = dataclasses.replace(cfg, retrieve=dataclasses.replace(cfg.retrieve, index_factory="Flat"))
     r = make_retriever("epr", pool, ctx.task, flat, str(d / "encoder" / "model"))
-    hits = r.retrieve([pool[int(q)] for q in qids], cfg.candidates.L, exclude=qids)
+    hits = r.retrieve([pool[int(q)] for q in qids], L or cfg.candidates.L, exclude=qids)
     return rankings_of(qids, hits.ids, hits.scores), ident["round"]
 
 
@@ -164,21 +164,31 @@ def check_dev_size(ctx: Context) -> None:
     )
 
 
+def mine_round(ctx: Context, qids: np.ndarray, L: int) -> tuple[list[Ranking], int, str]:
+    """``L`` candidates per example of ``qids`` as this round mines them (``candidates.miner``): the rankings, the
+    round number and, in words, who mined. The ``candidates`` stage mines ``candidates.L``; the ``teacher`` stage the
+    wider ``reward.teach_k``."""
+    c, pool = ctx.cfg.candidates, ctx.examples("pool")
+    miner, by = ctx.this_round.miner, ctx.this_round.mine_dir
+    if miner == "retriever":
+        rankings, rnd = mine_with_retriever(ctx, qids, L)
+        return rankings, rnd, f"the trained encoder of {by}"
+    if miner == "mixed":
+        retrieved, rnd = mine_with_retriever(ctx, qids, L)
+        rankings = mix(retrieved, mine(pool, qids, L, c.view, c.backend), L)
+        return (
+            rankings,
+            rnd,
+            f"the trained encoder of {by} (top {(L + 1) // 2}) and {c.backend} over {c.view}",
+        )
+    return mine(pool, qids, L, c.view, c.backend), 1, f"{c.backend} over {c.view}"
+
+
 def run_candidates(ctx: Context, out, fp: str) -> dict:
     c = ctx.cfg.candidates
     pool = ctx.examples("pool")
     qids = labelled_ids(ctx.cfg, len(pool))
-    miner, by = ctx.this_round.miner, ctx.this_round.mine_dir
-    if miner == "retriever":
-        rankings, rnd = mine_with_retriever(ctx, qids)
-        how = f"the trained encoder of {by}"
-    elif miner == "mixed":
-        retrieved, rnd = mine_with_retriever(ctx, qids)
-        rankings = mix(retrieved, mine(pool, qids, c.L, c.view, c.backend), c.L)
-        how = f"the trained encoder of {by} (top {(c.L + 1) // 2}) and {c.backend} over {c.view}"
-    else:
-        rankings, rnd = mine(pool, qids, c.L, c.view, c.backend), 1
-        how = f"{c.backend} over {c.view}"
+    rankings, rnd, how = mine_round(ctx, qids, c.L)
     n = write_jsonl(out / "candidates.jsonl", rankings)
     L = min(c.L, len(pool) - 1)  # what a query can get: the pool less itself
     capped = f" (candidates.L={c.L} capped: the pool holds {len(pool)} examples, a query never its own)"

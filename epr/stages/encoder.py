@@ -1,4 +1,5 @@
-"""Stage ``encoder``: train the dual encoder on the run's labels (``epr.encoder.train``) in the pipeline's processes.
+"""Stage ``encoder``: train the dual encoder on the run's labels (``epr.encoder.train``) in the pipeline's processes;
+with ``train.teacher: reward``, on the ``teacher`` stage's rows (the reward model's scores), judged on the labels.
 
 The stage is run by every process of a launch (``distributed``): ``accelerate launch training/train_epr.py -c
 <config>`` (or ``-m epr.cli``) trains it across processes or GPUs and writes the same folder and manifest. A
@@ -22,6 +23,12 @@ def run_encoder(ctx: Context, out: Path, fp: str) -> dict:
     labels = read_labels(list(read_jsonl(labels_file)), len(pool), str(labels_file))
     cands = {r["qid"]: r["ids"] for r in read_jsonl(ctx.stage_dir("candidates") / "candidates.jsonl")}
     data = TrainingData(pool=pool, task=ctx.task, labels=labels, candidates=cands)
+    if ctx.cfg.train.teacher == "reward":  # learn the reward model's scores; the dev metric stays the LM's
+        from epr.stages.teacher import teacher_file
+
+        f = teacher_file(ctx.stage_dir("teacher"))
+        taught = read_labels(list(read_jsonl(f)), len(pool), str(f))
+        data = TrainingData(pool=pool, task=ctx.task, labels=taught, candidates=cands, dev_labels=labels)
     init = warm_start_dir(ctx)
     result = train(ctx.cfg, data, out, fp, resume=True, world=ctx.dist.world, init=init)
     if init is not None:
