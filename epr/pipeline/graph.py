@@ -188,4 +188,9 @@ def final_stage(ctx: Context) -> str:
     return own[-1] if own else "evaluate"
 
 
-ROUND_STAGES = ("candidates", "scores", "labels", "encoder")  # what each round runs anew (and, asked for, reward, teacher)
+ROUND_STAGES = (
+    "candidates",
+    "scores",
+    "labels",
+    "encoder",
+)  # what each round runs anew (and, asked for, reward, teacher)
