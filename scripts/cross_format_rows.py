@@ -9,12 +9,16 @@ builds and scores the prompts; for each retriever (``epr``, ``hybrid``) its own 
 one forward pass per prompt (``epr.stages.dense_metric.DenseMetric``): the gold answer's log-prob and exact match read
 off the gold pass (``epr.stages.predict.greedy_exact``, a lower bound of generated exact match), paired by example:
 the mean gain with its Student 95% interval and Wilcoxon p, and McNemar's exact p on exact match. Both runs must hold
-the same pool (their ``examples`` stages' keys are compared). Writes the per-example values and the summary as JSON.
+the same pool (their ``examples`` stages' keys are compared). Writes the per-example values and the summary as JSON;
+with ``--rows DIR``, also each side's per-example rows as ``DIR/per_query-cross.jsonl.gz`` (the other run's encoder)
+and ``DIR/per_query-own-gold.jsonl.gz`` (the serving run's own, exact match read off the same gold pass), the format
+``epr experiment check`` pairs (``cross:epr`` against ``own-gold:epr``).
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import logging
 from pathlib import Path
@@ -98,6 +102,26 @@ def compare(ctx: Context, encoder_run: Path, retrievers: list[str]) -> dict:
     }
 
 
+def write_rows(got: dict, dest: Path) -> list[Path]:
+    """Each side's per-example rows (``idx``, then per retriever its gold log-prob and ``correct``), gzip'd
+    reproducibly, as ``per_query-cross.jsonl.gz`` and ``per_query-own-gold.jsonl.gz``."""
+    dest.mkdir(parents=True, exist_ok=True)
+    out = []
+    for side, variant in (("cross", "cross"), ("own", "own-gold")):
+        names = [k.split(":", 1)[1] for k in got["rows"] if k.startswith(f"{side}:")]
+        lines = []
+        for j, idx in enumerate(got["idx"]):
+            row = {"idx": idx}
+            for n in names:
+                r = got["rows"][f"{side}:{n}"]
+                row[n] = {"gold_logprob": r["per_query_logprob"][j], "correct": bool(r["correct"][j])}
+            lines.append(json.dumps(row, sort_keys=True))
+        f = dest / f"per_query-{variant}.jsonl.gz"
+        f.write_bytes(gzip.compress(("\n".join(lines) + "\n").encode(), mtime=0))
+        out.append(f)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("-c", "--config", action="append", default=[], help="the serving run's YAML config(s)")
@@ -105,12 +129,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--encoder-run", required=True, type=Path, help="the run folder whose encoder serves")
     ap.add_argument("--retrievers", default="epr,hybrid")
     ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--rows", type=Path, help="also write each side's per-example rows into this folder")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     ctx = Context(load_config(args.config, args.set))
     got = compare(ctx, args.encoder_run, [r.strip() for r in args.retrievers.split(",") if r.strip()])
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(got, indent=1) + "\n", encoding="utf-8")
+    if args.rows is not None:
+        for f in write_rows(got, args.rows):
+            log.info("wrote %s", f)
     for k, t in got["tests"].items():
         log.info("%s: %+.3f nats (95%% CI %.3f to %.3f), EM %.1f vs %.1f (McNemar p = %.3g)", k, t["gain"],
                  *t["gain_ci"], t["em_cross"], t["em_own"], t["em_p_mcnemar"])  # fmt: skip

@@ -145,3 +145,15 @@ def test_one_prompt_from_the_labels_to_langchain(tmp_path, minilm_dir, tiny_chat
         same["tests"]["cross:epr vs own:epr"]["gain"] == 0.0
         and x["encoders"]["own"] != x["encoders"]["cross"]
     )
+    # its per-example rows, as `epr experiment check` reads them, are the summary's values
+    from epr.experiments.compare_rows import load_per_query
+    from scripts.cross_format_rows import write_rows
+
+    files = write_rows(x, chat.cfg.run_dir / "x-rows")
+    for f, side in zip(files, ("cross", "own")):
+        back = load_per_query(f, "epr")
+        assert (
+            back["idx"] == x["idx"]
+            and back["per_query_logprob"] == x["rows"][f"{side}:epr"]["per_query_logprob"]
+        )
+        assert back["correct"] == [float(c) for c in x["rows"][f"{side}:epr"]["correct"]]
