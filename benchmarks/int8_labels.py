@@ -2,9 +2,11 @@
 ``--queries`` pool queries' ``L`` = 16 BM25 candidates (mined over the outputs, as round 1 mines them) the way the
 scores stage does (``epr.stages.scores.score_chunk``: the run's prompt, prefix sharing), once as loaded (bf16 where
 the CPU runs it) and then with the lean forward's projections swapped for int8 layers (embeddings, norms,
-attention and the LM head untouched), in three variants (:data:`VARIANTS`): every projection through oneDNN's fused
+attention and the LM head untouched), in six variants (:data:`VARIANTS`): every projection through oneDNN's fused
 layer (``FusedInt8Linear``: inputs quantised per tensor), only the two that read a normed input (q/k/v and gate/up),
-and every projection per input row (``Int8Linear``). Reported: each variant's throughput against the loaded dtype,
+every projection per input row (``Int8Linear``), and the fused layers after SmoothQuant (``epr.lm.smooth_quant``:
+channel maxima from ``--calibration`` other pool queries' candidates, alpha 0.5) on q/k/v and gate/up, then down too,
+then every projection (o unsmoothed). Reported: each variant's throughput against the loaded dtype,
 and how far its labels agree (Spearman per query, the same ``k_pos`` positives and ``k_neg`` negatives, mean
 |difference| in nats).
 
@@ -24,15 +26,25 @@ from benchmarks.common import describe, machine, machine_slug, save
 
 # (name, which projections of a layer: 1 fused q/k/v, 2 o, 4 fused gate/up, 5 down; the int8 layer)
 VARIANTS = (("int8 fused, all", (1, 2, 4, 5), "fused"), ("int8 fused, q/k/v + gate/up", (1, 4), "fused"),
-            ("int8 per row, all", (1, 2, 4, 5), "rows"))  # fmt: skip
+            ("int8 per row, all", (1, 2, 4, 5), "rows"),
+            ("int8 fused + SmoothQuant, q/k/v + gate/up", (1, 4), "sq"),
+            ("int8 fused + SmoothQuant, q/k/v + gate/up + down", (1, 4, 5), "sq"),
+            ("int8 fused + SmoothQuant, all (o unsmoothed)", (1, 2, 4, 5), "sq"))  # fmt: skip
 
 
-def swapped(layers: list, which: tuple[int, ...], kind: str) -> list:
-    """A FastLlama's ``layers`` with the projections ``which`` replaced by int8 layers of their weights."""
+def swapped(layers: list, which: tuple[int, ...], kind: str, stats: list | None = None) -> list:
+    """A FastLlama's ``layers`` with the projections ``which`` replaced by int8 layers of their weights; ``sq``:
+    oneDNN's fused layers after SmoothQuant (``epr.lm.smooth_quant``, from the calibration ``stats``) on the
+    smoothable ones, the output projection (2) fused unsmoothed."""
     import functools
 
     from epr.lm.int8_linear import FusedInt8Linear, Int8Linear
 
+    if kind == "sq":
+        from epr.lm.smooth_quant import SMOOTHABLE, smoothed
+
+        layers = smoothed(layers, stats, FusedInt8Linear, [i for i in which if i in SMOOTHABLE])
+        which, kind = tuple(i for i in which if i not in SMOOTHABLE), "fused"
     make = FusedInt8Linear if kind == "fused" else Int8Linear
     out = []
     for layer in layers:
@@ -64,6 +76,9 @@ def agreement(a: list[list[float]], b: list[list[float]], k_pos: int, k_neg: int
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--queries", type=int, default=48)
+    ap.add_argument(
+        "--calibration", type=int, default=16, help="other pool queries SmoothQuant calibrates on"
+    )
     ap.add_argument("--data-dir", default="../shared/data")
     a = ap.parse_args(argv)
     from epr.config import load_config
@@ -71,6 +86,7 @@ def main(argv: list[str] | None = None) -> dict:
     from epr.lm.factory import build_scorer, resolve_dtype
     from epr.lm.fastlm import FastLlama
     from epr.lm.int8_linear import fused_supported
+    from epr.lm.smooth_quant import calibrate
     from epr.retrieval.retrievers import BM25Retriever
     from epr.stages.scores import score_chunk
     from epr.types import Ranking
@@ -88,9 +104,17 @@ def main(argv: list[str] | None = None) -> dict:
     if not isinstance(scorer.backbone, FastLlama):
         raise SystemExit("the scorer does not run the lean forward here: nothing to swap")
     base, orig = resolve_dtype(cfg.models.dtype, "cpu"), list(scorer.backbone.layers)
+    # SmoothQuant's channel maxima from other queries' sequences (never the measured ones), as loaded
+    calib_q = np.setdiff1d(np.random.default_rng(1).choice(len(pool), 2 * a.calibration, replace=False), qids)
+    calib_q = calib_q[: a.calibration]
+    calib_hits = BM25Retriever(pool, "output", cfg.candidates.backend).retrieve(
+        [pool[int(i)] for i in calib_q], L, exclude=calib_q
+    )
+    calib = [Ranking(int(q), [int(i) for i in row], []) for q, row in zip(calib_q, calib_hits.ids)]
+    stats = calibrate(scorer.backbone.layers, lambda: score_chunk(scorer, fmt, pool, calib))
     out = {}
     for name, which, kind in ((base, (), ""), *VARIANTS):
-        scorer.backbone.layers[:] = swapped(orig, which, kind)
+        scorer.backbone.layers[:] = swapped(orig, which, kind, stats)
         score_chunk(scorer, fmt, pool, rankings[:2])  # warm-up
         t = time.perf_counter()
         rows, _ = score_chunk(scorer, fmt, pool, rankings)
@@ -102,7 +126,8 @@ def main(argv: list[str] | None = None) -> dict:
     m = machine()
     md = [f"# int8 against {base} label scoring, MTOP ({describe(m)})", "",
           f"{a.queries} pool queries x L = {L} BM25 candidates (over outputs) = {n} sequences, SmolLM2-135M as the "
-          f"scores stage runs it (prefix sharing), {base} as loaded, then with int8 projections; one run. Attention, "
+          f"scores stage runs it (prefix sharing), {base} as loaded, then with int8 projections; one run; SmoothQuant "
+          f"calibrated on {len(calib_q)} other queries' candidates. Attention, "
           f"norms, the LM head and the log-softmax stay {base}.", "",
           f"| scoring | sequences / s | x {base} | Spearman per query, mean (median) | same {k_pos} positives | "
           f"same {k_neg} negatives | mean abs diff (nats) |", "|---|---|---|---|---|---|---|",
@@ -115,7 +140,7 @@ def main(argv: list[str] | None = None) -> dict:
     md += ["", "For scale: bf16 against fp32 labels on MTOP agreed at Spearman 0.997 with 98.2% of the positives "
            "the same (`benchmarks/results/labels-bf16-vs-fp32-zen4.md`).", "",
            f"Command: `python -m benchmarks.int8_labels --queries {a.queries}`.", ""]  # fmt: skip
-    raw = {"machine": m, "queries": a.queries, "L": L, "sequences": n, "base": base, "agreement": agree,
+    raw = {"machine": m, "queries": a.queries, "calibration_queries": [int(q) for q in calib_q], "L": L, "sequences": n, "base": base, "agreement": agree,
            "seconds": {k: v["seconds"] for k, v in out.items()},
            "scores": {k: v["scores"] for k, v in out.items()}, "qids": [int(q) for q in qids]}  # fmt: skip
     save(f"int8-labels-{machine_slug(m)}", raw, "\n".join(md))
