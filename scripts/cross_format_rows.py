@@ -89,8 +89,8 @@ def compare(ctx: Context, encoder_run: Path, retrievers: list[str]) -> dict:
         }
     return {
         "machine": describe(machine()),
-        "serving_run": str(ctx.cfg.run_dir),
-        "encoder_run": str(encoder_run),
+        "serving_run": templated(ctx.cfg.run_dir, ctx.cfg.run_root),
+        "encoder_run": templated(encoder_run, ctx.cfg.run_root),
         "encoders": {
             "own": read_manifest(ctx.cfg.run_dir / "encoder")["fingerprint"],
             "cross": read_manifest(encoder_run / "encoder")["fingerprint"],
@@ -100,6 +100,13 @@ def compare(ctx: Context, encoder_run: Path, retrievers: list[str]) -> dict:
         "tests": tests,
         "rows": rows,
     }
+
+
+def templated(path: Path, run_root) -> str:
+    """``path`` as ``{run_root}/...`` where it lies under the run root: no file under results/ names one machine's
+    folders."""
+    p, root = Path(path).resolve(), Path(run_root).resolve()
+    return "{run_root}/" + p.relative_to(root).as_posix() if p.is_relative_to(root) else str(path)
 
 
 def write_rows(got: dict, dest: Path) -> list[Path]:
