@@ -149,7 +149,8 @@ def test_chat_budget_packing_is_token_exact(chat_tok):
 FIXED = ["models.dtype=fp32", "train.mixed_precision=bf16"]
 
 
-NEW_STAGES = {"reward", "teacher"}  # stages added after the fingerprints were committed (issue 74: the reward model)
+# stages added after the fingerprints were committed (issue 74: the reward model and its teacher stage)
+NEW_STAGES = {"reward", "teacher"}
 
 
 def shipped_fingerprints() -> dict:

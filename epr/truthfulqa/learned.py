@@ -171,7 +171,8 @@ def encoders_keys(ctx) -> dict:
         cfg.train
     )  # as written, but the length buckets as they act (4 on a CPU, as before)
     train["length_buckets"] = device_size("train.length_buckets", cfg.train.length_buckets, default_device())
-    train.pop("teacher")  # the EPR rounds' teacher option: these encoders learn TruthfulQA's own labels, never it
+    # the EPR rounds' teacher option: these encoders learn TruthfulQA's own labels, never it
+    train.pop("teacher")
     return {
         "train": train,
         "encoder": model_identity(cfg.models.encoder),
