@@ -36,13 +36,10 @@ def swapped(layers: list, which: tuple[int, ...], kind: str, stats: list | None 
     """A FastLlama's ``layers`` with the projections ``which`` replaced by int8 layers of their weights; ``sq``:
     oneDNN's fused layers after SmoothQuant (``epr.lm.smooth_quant``, from the calibration ``stats``) on the
     smoothable ones, the output projection (2) fused unsmoothed."""
-    import functools
-
     from epr.lm.int8_linear import FusedInt8Linear, Int8Linear
+    from epr.lm.smooth_quant import SMOOTHABLE, smoothed, weight_of
 
     if kind == "sq":
-        from epr.lm.smooth_quant import SMOOTHABLE, smoothed
-
         layers = smoothed(layers, stats, FusedInt8Linear, [i for i in which if i in SMOOTHABLE])
         which, kind = tuple(i for i in which if i not in SMOOTHABLE), "fused"
     make = FusedInt8Linear if kind == "fused" else Int8Linear
@@ -51,8 +48,7 @@ def swapped(layers: list, which: tuple[int, ...], kind: str, stats: list | None 
         parts = list(layer)
         for i in which:
             lin = parts[i]
-            w = lin.keywords["weight"] if isinstance(lin, functools.partial) else lin.weight
-            parts[i] = make(w.float())
+            parts[i] = make(weight_of(lin).float())
         out.append(tuple(parts))
     return out
 
