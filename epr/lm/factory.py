@@ -4,15 +4,20 @@ LM computed (stage fingerprints, the score cache, generation chunks) is built fr
 names the model that computed.
 
 Importing this module, and building keys on a CPU machine, does not import torch (``epr status`` stays fast); torch
-is asked only where the answer depends on it (a visible NVIDIA device, loading a model).
+is asked only where the answer depends on it (a visible NVIDIA device, loading a model, whether ``scoring.int8`` runs
+here).
 """
 
 from __future__ import annotations
 
+import functools
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
 from epr.lm.identity import default_device, device_size, lm_name, model_identity, resolve_dtype
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "LMSpec",
@@ -95,7 +100,20 @@ def scoring_key(cfg, inference: bool = False) -> dict:
     if key["dtype"] != "fp32":
         tokens = device_size("scoring.batch_tokens", sc.batch_tokens, key["device"])
         key |= {"batch_tokens": tokens, "prefix_share": sc.prefix_share}
+    if sc.int8 and not inference:  # the labels' LM only; keyed where it computes, so a fallback keeps its key
+        from epr.lm import int8_scoring
+
+        why = int8_scoring.unavailable(key["device"], sc.forward)
+        if why is None:
+            key |= int8_scoring.key()
+        else:
+            _warn_once(f"scoring.int8: not used ({why}); scoring in {key['dtype']}")
     return key
+
+
+@functools.cache
+def _warn_once(message: str) -> None:
+    log.warning(message)
 
 
 # the key fields that only move a bf16 score's rounding: where (device) and how (batch layout) it was computed
@@ -252,7 +270,24 @@ def build_scorer(cfg, inference: bool = False, device: str | None = None):
         from epr.lm.served import scorer_for_config
 
         return scorer_for_config(cfg, inference)
-    return scorer_for(cfg, *load(lm_spec(cfg, inference, device)))
+    spec = lm_spec(cfg, inference, device)
+    model, tok = load(spec)
+    scorer = scorer_for(cfg, model, tok)
+    if not inference and "int8" in scoring_key(cfg) and spec.device.startswith("cpu"):
+        from epr.lm.int8_scoring import quantized_backbone
+
+        fast = quantized_backbone(model, tok)
+        if fast is None:
+            raise RuntimeError(
+                f"scoring.int8: {spec.name} is not a model the lean forward reproduces (Llama family); "
+                "drop the option to score it in its dtype"
+            )
+        if cfg.scoring.compile:
+            import torch
+
+            fast = torch.compile(fast, dynamic=True)
+        scorer.backbone = fast
+    return scorer
 
 
 def inference_lm(cfg, stop: str):
