@@ -2,11 +2,12 @@
 ``--queries`` pool queries' ``L`` = 16 BM25 candidates (mined over the outputs, as round 1 mines them) the way the
 scores stage does (``epr.stages.scores.score_chunk``: the run's prompt, prefix sharing), once as loaded (bf16 where
 the CPU runs it) and then with the lean forward's projections swapped for int8 layers (embeddings, norms,
-attention and the LM head untouched), in six variants (:data:`VARIANTS`): every projection through oneDNN's fused
+attention and the LM head untouched), in seven variants (:data:`VARIANTS`): every projection through oneDNN's fused
 layer (``FusedInt8Linear``: inputs quantised per tensor), only the two that read a normed input (q/k/v and gate/up),
 every projection per input row (``Int8Linear``), and the fused layers after SmoothQuant (``epr.lm.smooth_quant``:
 channel maxima from ``--calibration`` other pool queries' candidates, alpha 0.5) on q/k/v and gate/up, then down too,
-then every projection (o unsmoothed). Reported: each variant's throughput against the loaded dtype,
+then every projection (o unsmoothed), and last ``scoring.int8`` as a run computes it (``epr.lm.int8_scoring``: the
+q/k/v + gate/up variant calibrated on its packaged text, not on MTOP). Reported: each variant's throughput against the loaded dtype,
 and how far its labels agree (Spearman per query, the same ``k_pos`` positives and ``k_neg`` negatives, mean
 |difference| in nats).
 
@@ -29,7 +30,8 @@ VARIANTS = (("int8 fused, all", (1, 2, 4, 5), "fused"), ("int8 fused, q/k/v + ga
             ("int8 per row, all", (1, 2, 4, 5), "rows"),
             ("int8 fused + SmoothQuant, q/k/v + gate/up", (1, 4), "sq"),
             ("int8 fused + SmoothQuant, q/k/v + gate/up + down", (1, 4, 5), "sq"),
-            ("int8 fused + SmoothQuant, all (o unsmoothed)", (1, 2, 4, 5), "sq"))  # fmt: skip
+            ("int8 fused + SmoothQuant, all (o unsmoothed)", (1, 2, 4, 5), "sq"),
+            ("scoring.int8 as runs use it (q/k/v + gate/up, packaged calibration)", (1, 4), "packaged"))  # fmt: skip
 
 
 def swapped(layers: list, which: tuple[int, ...], kind: str, stats: list | None = None) -> list:
@@ -82,6 +84,7 @@ def main(argv: list[str] | None = None) -> dict:
     from epr.lm.factory import build_scorer, resolve_dtype
     from epr.lm.fastlm import FastLlama
     from epr.lm.int8_linear import fused_supported
+    from epr.lm.int8_scoring import quantized_backbone
     from epr.lm.smooth_quant import calibrate
     from epr.retrieval.retrievers import BM25Retriever
     from epr.stages.scores import score_chunk
@@ -108,9 +111,10 @@ def main(argv: list[str] | None = None) -> dict:
     )
     calib = [Ranking(int(q), [int(i) for i in row], []) for q, row in zip(calib_q, calib_hits.ids)]
     stats = calibrate(scorer.backbone.layers, lambda: score_chunk(scorer, fmt, pool, calib))
+    packaged = quantized_backbone(scorer.model, scorer.tok).layers
     out = {}
     for name, which, kind in ((base, (), ""), *VARIANTS):
-        scorer.backbone.layers[:] = swapped(orig, which, kind, stats)
+        scorer.backbone.layers[:] = packaged if kind == "packaged" else swapped(orig, which, kind, stats)
         score_chunk(scorer, fmt, pool, rankings[:2])  # warm-up
         t = time.perf_counter()
         rows, _ = score_chunk(scorer, fmt, pool, rankings)
