@@ -71,6 +71,39 @@ def measure(rows: list, base: dict, clock: Clock, fn, metrics, warmup: int = 1) 
     print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in rows[-1].items()}, flush=True)
 
 
+LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx")
+
+
+def profile(fn, clock: Clock, top: int = 12) -> dict:
+    """One call of ``fn`` under ``torch.profiler``: its wall seconds, the seconds the device (GPU kernels; on a CPU,
+    the ops' own time) was busy, the fraction, the kernel launches, and the ``top`` ops by own device time. A scorer
+    bound by launches shows a low busy fraction and many launches per sequence."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    cuda = clock.device.startswith("cuda")
+    acts = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]
+    fn()  # warm-up, outside the trace
+    clock.sync()
+    t = time.perf_counter()
+    with torch_profile(activities=acts) as prof:
+        fn()
+        clock.sync()
+    wall = time.perf_counter() - t
+    ev = prof.key_averages()
+
+    def own(e) -> float:  # microseconds of the op's own time on the device that runs it
+        if not cuda:
+            return e.self_cpu_time_total
+        return getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0.0)
+
+    busy = sum(own(e) for e in ev) / 1e6
+    launches = sum(e.count for e in ev if e.key in LAUNCHES) if cuda else None
+    ops = sorted(ev, key=own, reverse=True)[:top]
+    return {"wall_s": wall, "busy_s": busy, "busy_fraction": busy / wall if wall else 0.0, "launches": launches,
+            "top": [{"op": e.key, "count": e.count, "own_s": own(e) / 1e6} for e in ops]}  # fmt: skip
+
+
 def rate(fn, work: float, clock: Clock, seconds: float) -> float:
     """``work`` per second of ``fn`` (called in fives, for at least ``seconds``, after 3 warm-up calls)."""
     for _ in range(3):

@@ -11,7 +11,9 @@ $OUT/gpu-stages.log``, then copy the ``.json`` / ``.md`` to ``benchmarks/results
 machine's transformers may differ from this project's: carry the project's as a wheel (``pip install --target``, on
 ``PYTHONPATH``), as the committed run did. A sweep beside the plan: ``--sections scoring,generation --batch-tokens
 16384,65536 --decode-rows 256,1024 --prompts 1024 --tag sweep`` (its own result files).
-``--quick --device cpu``: tiny shapes in seconds (tests/test_gpu_stages_quick.py). Every measurement: warm-up, then
+Is the scorer bound by kernel launches (issue 77)? The check prepared for a lent GPU, ~2 minutes: ``--sections scoring
+--batch-tokens 4096,16384,65536 --profile --tag profile --out $OUT`` traces one run of each setting (the device's busy
+fraction, kernel launches per sequence, the top ops). ``--quick --device cpu``: tiny shapes in seconds (tests/test_gpu_stages_quick.py). Every measurement: warm-up, then
 timed runs until ``--budget`` seconds or 5 runs, the median reported, ``torch.cuda.synchronize`` around each timer;
 one that fails is recorded with its error and the run goes on.
 
@@ -46,7 +48,7 @@ import numpy as np
 import torch
 
 from benchmarks.common import describe, machine, save
-from benchmarks.gpu_kit import Clock, IdTokenizer, arch, build_lm, fwd_flops, ids_text, measure, rate
+from benchmarks.gpu_kit import Clock, IdTokenizer, arch, build_lm, fwd_flops, ids_text, measure, profile, rate
 from epr.lm.models import pick_dtype
 
 LMS = {  # LlamaConfig fields of the two shapes (tied embeddings)
@@ -111,6 +113,8 @@ def scoring_rows(model, name: str, dname: str, p: dict, clock: Clock, peak: floa
             measure(rows, base, clock, fn, lambda s, fl=fl: {
                 "tok_s": n_tok / s, "seq_s": len(pairs) / s, "tflops": fl / s / 1e12,
                 "of_peak": fl / s / 1e12 / peak, "flops": fl})  # fmt: skip
+            if p.get("profile") and "seconds" in rows[-1]:
+                rows[-1]["profile"] = profile(fn, clock)
     return rows
 
 
@@ -240,6 +244,19 @@ def table(raw: dict) -> str:
             thr = f"{num(r['steps_s'])} steps/s"
             tf = f"~{num(r['tflops_est'])} (est.)"
         lines.append(f"{head} {work} | {r['seconds']:.3f} | {thr} | {tf} | {r['of_peak']:.2f} of {r['dtype']} |")  # fmt: skip
+    traced = [r for r in raw["rows"] if "profile" in r]
+    if traced:
+        lines += ["", "**Traced** (`--profile`: one run of each scoring setting under torch.profiler; busy: the "
+                  "device's own op time over the run's wall time):", "",
+                  "| model | setting | wall (s) | device busy (s) | busy fraction | kernel launches | launches / seq | top ops by own time |",
+                  "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+        for r in traced:
+            pr = r["profile"]
+            n = pr["launches"]
+            per = f"{n / r['sequences']:.1f}" if n else ""
+            ops = "; ".join(f"{o['op']} {o['own_s']:.3f}s x{o['count']}" for o in pr["top"][:5])
+            lines.append(f"| {r['model']} | {r['setting']} | {pr['wall_s']:.3f} | {pr['busy_s']:.3f} | "
+                         f"{pr['busy_fraction']:.2f} | {n if n is not None else ''} | {per} | {ops} |")  # fmt: skip
     return "\n".join([*lines, "", "Shapes, FLOP counts, timing: `python -m benchmarks.gpu_stages --help`.", ""])  # fmt: skip
 
 
@@ -259,8 +276,15 @@ def main(argv: list[str] | None = None) -> dict:
         "--tag", default="", help="appended to the result files' name (a sweep beside the default run)"
     )
     ap.add_argument("--prompts", type=int, default=None, help="prompts generated from (256)")
+    ap.add_argument(
+        "--profile",
+        action="store_true",
+        help="also trace one run of each scoring setting (torch.profiler): device busy fraction, kernel launches, "
+        "top ops (issue 77: is the GPU scorer bound by launches?)",
+    )
     a = ap.parse_args(argv)
     p, sections = dict(QUICK if a.quick else FULL), a.sections.split(",")
+    p["profile"] = a.profile
     for key, val in (("batch_tokens", a.batch_tokens), ("decode_rows", a.decode_rows)):
         if val:
             p[key] = [int(v) for v in val.split(",")]

@@ -39,3 +39,18 @@ def test_quick_run_measures_every_section(tmp_path):
         r["new_tokens"] == r["prompts"] * r["max_new_tokens"] for r in rows if r["stage"] == "generation"
     )
     assert {r["dtype"] for r in rows if r["stage"] == "encoder training"} == {"fp32", "bf16"}
+
+
+def test_profile_traces_each_scoring_setting(tmp_path):
+    """``--profile`` (the check prepared for a lent GPU, issue 77) traces every scoring setting and writes its table;
+    the plain run (above) traces none."""
+    main(["--quick", "--device", "cpu", "--out", str(tmp_path), "--sections", "scoring", "--profile"])
+    raw = json.loads(next(tmp_path.glob("gpu-stages-quick-cpu.json")).read_text())
+    scoring = [r for r in raw["rows"] if r["stage"] == "label scoring"]
+    assert scoring and all("profile" in r for r in scoring)
+    for r in scoring:
+        pr = r["profile"]
+        assert pr["wall_s"] > 0 and 0 < pr["busy_s"] and pr["top"] and pr["launches"] is None  # no CUDA here
+        assert pr["top"][0]["own_s"] >= pr["top"][-1]["own_s"]
+    md = next(tmp_path.glob("gpu-stages-quick-cpu.md")).read_text()
+    assert "**Traced**" in md and md.count("| prefix-shared, batch_tokens") >= 2 * len(LMS)
