@@ -2,11 +2,12 @@
 ``--queries`` pool queries' ``L`` = 16 BM25 candidates (mined over the outputs, as round 1 mines them) the way the
 scores stage does (``epr.stages.scores.score_chunk``: the run's prompt, prefix sharing), once as loaded (bf16 where
 the CPU runs it) and then with the lean forward's projections swapped for int8 layers (embeddings, norms,
-attention and the LM head untouched), in seven variants (:data:`VARIANTS`): every projection through oneDNN's fused
+attention and the LM head untouched), in nine variants (:data:`VARIANTS`): every projection through oneDNN's fused
 layer (``FusedInt8Linear``: inputs quantised per tensor), only the two that read a normed input (q/k/v and gate/up),
 every projection per input row (``Int8Linear``), and the fused layers after SmoothQuant (``epr.lm.smooth_quant``:
 channel maxima from ``--calibration`` other pool queries' candidates, alpha 0.5) on q/k/v and gate/up, then down too,
-then every projection (o unsmoothed), and last ``scoring.int8`` as a run computes it (``epr.lm.int8_scoring``: the
+then every projection (o unsmoothed), q/k/v + gate/up + down at alpha 0.75 and 0.9 (more of the range moved into
+the weights), and last ``scoring.int8`` as a run computes it (``epr.lm.int8_scoring``: the
 q/k/v + gate/up variant calibrated on its packaged text, not on MTOP). Reported: each variant's throughput against the loaded dtype,
 and how far its labels agree (Spearman per query, the same ``k_pos`` positives and ``k_neg`` negatives, mean
 |difference| in nats).
@@ -31,6 +32,8 @@ VARIANTS = (("int8 fused, all", (1, 2, 4, 5), "fused"), ("int8 fused, q/k/v + ga
             ("int8 fused + SmoothQuant, q/k/v + gate/up", (1, 4), "sq"),
             ("int8 fused + SmoothQuant, q/k/v + gate/up + down", (1, 4, 5), "sq"),
             ("int8 fused + SmoothQuant, all (o unsmoothed)", (1, 2, 4, 5), "sq"),
+            ("int8 fused + SmoothQuant alpha 0.75, q/k/v + gate/up + down", (1, 4, 5), "sq@0.75"),
+            ("int8 fused + SmoothQuant alpha 0.9, q/k/v + gate/up + down", (1, 4, 5), "sq@0.9"),
             ("scoring.int8 as runs use it (q/k/v + gate/up, packaged calibration)", (1, 4), "packaged"))  # fmt: skip
 
 
@@ -41,8 +44,9 @@ def swapped(layers: list, which: tuple[int, ...], kind: str, stats: list | None 
     from epr.lm.int8_linear import FusedInt8Linear, Int8Linear
     from epr.lm.smooth_quant import SMOOTHABLE, smoothed, weight_of
 
-    if kind == "sq":
-        layers = smoothed(layers, stats, FusedInt8Linear, [i for i in which if i in SMOOTHABLE])
+    if kind.startswith("sq"):  # "sq": alpha 0.5 (SmoothQuant's default); "sq@A": alpha A
+        alpha = float(kind.partition("@")[2] or 0.5)
+        layers = smoothed(layers, stats, FusedInt8Linear, [i for i in which if i in SMOOTHABLE], alpha)
         which, kind = tuple(i for i in which if i not in SMOOTHABLE), "fused"
     make = FusedInt8Linear if kind == "fused" else Int8Linear
     out = []
@@ -78,6 +82,13 @@ def main(argv: list[str] | None = None) -> dict:
         "--calibration", type=int, default=16, help="other pool queries SmoothQuant calibrates on"
     )
     ap.add_argument("--data-dir", default="../shared/data")
+    ap.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="which pool queries are measured (0: the committed run's); another seed confirms a variant chosen on "
+        "seed 0's on queries it was not chosen on (its own result files)",
+    )
     a = ap.parse_args(argv)
     from epr.config import load_config
     from epr.context import Context
@@ -95,7 +106,7 @@ def main(argv: list[str] | None = None) -> dict:
     cfg = load_config(["configs/mtop.yaml"], [f"data.data_dir={a.data_dir}"])
     ctx = Context(cfg)
     pool, L = ctx.task.load()[0], cfg.candidates.L
-    qids = np.random.default_rng(0).choice(len(pool), a.queries, replace=False)
+    qids = np.random.default_rng(a.seed).choice(len(pool), a.queries, replace=False)
     queries = [pool[int(i)] for i in qids]
     hits = BM25Retriever(pool, "output", cfg.candidates.backend).retrieve(queries, L, exclude=qids)
     rankings = [Ranking(int(q), [int(i) for i in row], []) for q, row in zip(qids, hits.ids)]
@@ -104,7 +115,9 @@ def main(argv: list[str] | None = None) -> dict:
         raise SystemExit("the scorer does not run the lean forward here: nothing to swap")
     base, orig = resolve_dtype(cfg.models.dtype, "cpu"), list(scorer.backbone.layers)
     # SmoothQuant's channel maxima from other queries' sequences (never the measured ones), as loaded
-    calib_q = np.setdiff1d(np.random.default_rng(1).choice(len(pool), 2 * a.calibration, replace=False), qids)
+    calib_q = np.setdiff1d(
+        np.random.default_rng(a.seed + 1).choice(len(pool), 2 * a.calibration, replace=False), qids
+    )
     calib_q = calib_q[: a.calibration]
     calib_hits = BM25Retriever(pool, "output", cfg.candidates.backend).retrieve(
         [pool[int(i)] for i in calib_q], L, exclude=calib_q
@@ -139,11 +152,11 @@ def main(argv: list[str] | None = None) -> dict:
                   f"{100 * g['negatives_same']:.1f}% | {g['mean_abs_diff_nats']:.2f} |")  # fmt: skip
     md += ["", "For scale: bf16 against fp32 labels on MTOP agreed at Spearman 0.997 with 98.2% of the positives "
            "the same (`benchmarks/results/labels-bf16-vs-fp32-zen4.md`).", "",
-           f"Command: `python -m benchmarks.int8_labels --queries {a.queries}`.", ""]  # fmt: skip
-    raw = {"machine": m, "queries": a.queries, "calibration_queries": [int(q) for q in calib_q], "L": L, "sequences": n, "base": base, "agreement": agree,
+           f"Command: `python -m benchmarks.int8_labels --queries {a.queries}{f' --seed {a.seed}' if a.seed else ''}`.", ""]  # fmt: skip
+    raw = {"machine": m, "seed": a.seed, "queries": a.queries, "calibration_queries": [int(q) for q in calib_q], "L": L, "sequences": n, "base": base, "agreement": agree,
            "seconds": {k: v["seconds"] for k, v in out.items()},
            "scores": {k: v["scores"] for k, v in out.items()}, "qids": [int(q) for q in qids]}  # fmt: skip
-    save(f"int8-labels-{machine_slug(m)}", raw, "\n".join(md))
+    save(f"int8-labels-{machine_slug(m)}{f'-seed{a.seed}' if a.seed else ''}", raw, "\n".join(md))
     return raw
 
 
