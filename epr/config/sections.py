@@ -187,7 +187,7 @@ class ScoringConfig:
     int8: bool = opt(
         False,
         "the scoring LM's q/k/v and gate/up projections in int8 after SmoothQuant, on a CPU with VNNI / AMX-INT8 "
-        "(else the dtype, with a message; keyed): ~1.1x bf16, labels Spearman 0.98 (epr/lm/int8_scoring.py)",
+        "(else the dtype, with a message; keyed): ~1.2x bf16, labels Spearman 0.98 (epr/lm/int8_scoring.py)",
     )
     accept_devices: tuple[str, ...] = opt(
         (),
