@@ -221,8 +221,9 @@ def load(spec: LMSpec):
     return model, tok
 
 
-def scorer_for(cfg, model, tok):
-    """An ``LMScorer`` over a loaded model with the run's ``scoring`` settings."""
+def scorer_for(cfg, model, tok, backbone=None):
+    """An ``LMScorer`` over a loaded model with the run's ``scoring`` settings (``backbone``: a lean forward of the
+    caller's instead of the model's shared one)."""
     from epr.lm.scoring import LMScorer
 
     sc = cfg.scoring
@@ -235,6 +236,7 @@ def scorer_for(cfg, model, tok):
         forward=sc.forward,
         compile=sc.compile,
         prefix_share=sc.prefix_share,
+        backbone=backbone,
     )
 
 
@@ -272,22 +274,17 @@ def build_scorer(cfg, inference: bool = False, device: str | None = None):
         return scorer_for_config(cfg, inference)
     spec = lm_spec(cfg, inference, device)
     model, tok = load(spec)
-    scorer = scorer_for(cfg, model, tok)
+    backbone = None
     if not inference and "int8" in scoring_key(cfg) and spec.device.startswith("cpu"):
         from epr.lm.int8_scoring import quantized_backbone
 
-        fast = quantized_backbone(model, tok)
-        if fast is None:
+        backbone = quantized_backbone(model, tok)
+        if backbone is None:
             raise RuntimeError(
                 f"scoring.int8: {spec.name} is not a model the lean forward reproduces (Llama family); "
                 "drop the option to score it in its dtype"
             )
-        if cfg.scoring.compile:
-            import torch
-
-            fast = torch.compile(fast, dynamic=True)
-        scorer.backbone = fast
-    return scorer
+    return scorer_for(cfg, model, tok, backbone)
 
 
 def inference_lm(cfg, stop: str):

@@ -147,6 +147,7 @@ class LMScorer(TokenScorer):
         forward: str = "fast",
         compile: bool = False,
         prefix_share: bool = False,
+        backbone=None,
     ):
         if forward not in ("fast", "hf"):
             raise ValueError(f"forward must be 'fast' or 'hf', not {forward!r}")
@@ -158,8 +159,8 @@ class LMScorer(TokenScorer):
         self.device = next(model.parameters()).device
         self._start = self._start_token()
         # the lean forward of epr.lm.fastlm where it reproduces the model, else the transformers forward
-        self.backbone = None
-        if forward == "fast":
+        self.backbone = backbone  # given: a lean forward of the caller's (int8 scoring's own FastLlama)
+        if forward == "fast" and backbone is None:
             from epr.lm.fastlm import fast_backbone
 
             self.backbone = fast_backbone(model)
