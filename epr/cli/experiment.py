@@ -37,6 +37,7 @@ The tools behind the folders, each with its own options (``epr experiment NAME -
     epr experiment compare-labels LABELS_A LABELS_B    # two label sets of the same training examples
     epr experiment em-agreement GENERATED/rows GREEDY/rows   # exact match generated vs read off the gold pass
     epr experiment collect NAME                        # a finished run's comparison into results/NAME/
+    epr experiment reselect RUN --retrievers epr,hybrid  # what select would serve among fewer modes (no LM call)
 """
 
 
@@ -311,7 +312,7 @@ def _python(argv: list[str], into: Path, run_root: str) -> list[str] | None:
     from epr.cli.tools import TOOLS
 
     for name, (_, script) in TOOLS.items():  # a results tool by the script path older folders recorded
-        if argv[0].endswith(script):
+        if script and argv[0].endswith(script):
             return ["-m", "epr.cli", "experiment", name, *argv[1:]]
     if any(argv[0].endswith(c) for c in CURVE):
         if "--from-rows" in argv:

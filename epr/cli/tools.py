@@ -1,4 +1,4 @@
-"""``epr experiment compare-labels | compare-rows | em-agreement | collect``: the options and the printed reports of
+"""``epr experiment compare-labels | compare-rows | em-agreement | collect | reselect``: the options and the printed reports of
 the results tools (the library functions they call live in ``epr.experiments``)."""
 
 from __future__ import annotations
@@ -127,9 +127,33 @@ def collect_results_main(argv: list[str] | None = None, prog: str | None = None)
     return 0
 
 
-TOOLS = {  # epr experiment <name>: (its main, the script path older results folders recorded)
+def reselect_main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    from epr.stages.select import reselect
+
+    ap = argparse.ArgumentParser(prog=prog, description=reselect.__doc__.split("\n")[0].rstrip(":"))
+    ap.add_argument("run", type=Path, help="a run folder whose select stage finished (or its select/ folder)")
+    ap.add_argument(
+        "--retrievers", required=True, help="the modes to choose among, comma-separated (epr,hybrid)"
+    )
+    ap.add_argument(
+        "--weigh", choices=("logprob", "logprob+em"), default="logprob", help="select.weigh's rule"
+    )
+    ap.add_argument("--alpha", type=float, default=None, help="select.alpha (default: the run's)")
+    ap.add_argument("--out", type=Path, help="write the report as JSON here")
+    a = ap.parse_args(argv)
+    d = a.run if (a.run / "per_example.jsonl").exists() else a.run / "select"
+    r = reselect(d, [x.strip() for x in a.retrievers.split(",") if x.strip()], a.weigh, a.alpha)
+    if a.out:
+        a.out.write_text(json.dumps(r, indent=2) + "\n")
+    print(f"among {', '.join(r['retrievers'])} ({a.weigh}, {r['n']} held-out pool examples): {r['selected']}. "
+          f"{r['reason']}")  # fmt: skip
+    return 0
+
+
+TOOLS: dict = {  # epr experiment <name>: (its main, the script path older results folders recorded, or None)
     "compare-labels": (compare_labels_main, "scripts/compare_labels.py"),
     "compare-rows": (compare_rows_main, "scripts/compare_rows.py"),
     "em-agreement": (em_agreement_main, "scripts/em_agreement.py"),
     "collect": (collect_results_main, "scripts/collect_results.py"),
+    "reselect": (reselect_main, None),  # no script before it
 }

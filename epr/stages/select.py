@@ -26,13 +26,13 @@ from pathlib import Path
 
 import numpy as np
 
-from epr.artifacts import atomic_write_text, write_jsonl
+from epr.artifacts import atomic_write_text, read_jsonl, write_jsonl
 from epr.context import Context
 from epr.reports.stats import paired_gain
 from epr.stages.candidates import held_out_ids
-from epr.types import ConfigError
+from epr.types import ConfigError, InputError
 
-__all__ = ["BASELINE", "choose", "run_select", "read_selection"]
+__all__ = ["BASELINE", "choose", "reselect", "run_select", "read_selection"]
 
 log = logging.getLogger(__name__)
 
@@ -219,3 +219,34 @@ def read_selection(run_dir: str | Path) -> dict | None:
     if not (d / "manifest.json").exists() or not (d / "report.json").exists():
         return None
     return json.loads((d / "report.json").read_text())
+
+
+def reselect(
+    select_dir: str | Path, retrievers: list[str], weigh: str = "logprob", alpha: float | None = None
+) -> dict:
+    """What a finished ``select`` stage would have chosen among ``retrievers`` alone (a subset of those it scored)
+    under ``weigh``: :func:`choose` over its ``per_example.jsonl``, no LM call. An experiment's arm that serves fewer
+    modes than its run scored is judged by the choice it would have made (issue 74, item 6). ``alpha``: the run's."""
+    d = Path(select_dir)
+    path, report = d / "per_example.jsonl", d / "report.json"
+    if not path.exists() or not report.exists():
+        raise InputError(f"{d}: no finished select stage here (per_example.jsonl and report.json)")
+    rows = list(read_jsonl(path))
+    missing = [n for n in (BASELINE, *retrievers) if rows and n not in rows[0]]
+    if missing:
+        raise InputError(
+            f"{path}: select scored no {', '.join(missing)} (it has {', '.join(k for k in rows[0] if k != 'idx' and ':' not in k)})"
+        )
+    if weigh == "logprob+em" and rows and f"{BASELINE}:em" not in rows[0]:
+        raise InputError(
+            f"{path}: weigh=logprob+em needs each example's greedy exact match; this run ran select.weigh=logprob"
+        )
+    names = [BASELINE, *dict.fromkeys(retrievers)]
+    lp = {n: np.array([math.nan if r[n] is None else r[n] for r in rows], dtype=float) for n in names}
+    em = (
+        {n: np.array([r[f"{n}:em"] for r in rows], dtype=float) for n in names}
+        if weigh == "logprob+em"
+        else None
+    )
+    a = json.loads(report.read_text())["alpha"] if alpha is None else alpha
+    return {**choose(lp, names[1:], a, em), "n": len(rows), "retrievers": names[1:], "weigh": weigh}
