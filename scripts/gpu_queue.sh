@@ -27,6 +27,7 @@
 #   2. results/smcalflow-recipe-choices (PLAN amendment 3): A, E, B; B failed the walk's rule: C and D do not run.
 #   3. results/break-recipe-choices (PLAN amendments 3 and 7): A, E, B (4,000 labels with mpnet).
 #   4. results/mtop-recipe-choices (PLAN amendment 6): D2, mpnet at 8,000 labels, after its MiniLM arm on the same GPU.
+#   5. results/mtop-reward-dev (PLAN amendment 1): L50, the default recipe with the paper's 50 candidates (issue 74).
 # The lanes share the GPU. On the H200 a scoring process's torch reserved about 5 GB (its scores log says);
 # what filled the GPU was jax, which bm25s started at import, now kept off it (cfefc1b). Four lanes side by side
 # on an 80 GB H100 are untried: a lane that fails (its number in $R/failed, its log $R/<k>.log) ends alone, and the
@@ -49,12 +50,15 @@ lane2+=";$smc --set candidates.num_queries=2000 --set name=smc-2000"  # the walk
 lane3="$brk $oracle --set name=break-2000;$wait;?$brk $mpnet --set name=break-2000-mpnet"
 lane3+=";$wait;?$brk $mpnet --set candidates.num_queries=4000 --set name=break-4000-mpnet"  # B (amendment 7): recorded; rule B failed, the walk ends here
 lane4="$dev --set name=mtop-8000;$wait;?$dev $mpnet --set name=mtop-8000-mpnet"
+# issue 74 (results/mtop-reward-dev, amendment 1): the paper's L = 50 candidates, the reward model's modes among them
+lane5='-c configs/mtop.yaml --set candidates.L=50 --set "retrieve.retrievers=[bm25,epr,hybrid,epr+rm,hybrid+rm]"'
+lane5+=' --set "select.retrievers=[epr,hybrid,epr+rm,hybrid+rm]" --set select.weigh=logprob+em --set name=mtop-l50'
 # where each run is recorded (its plan's `epr experiment record`): the results folder, the part, the side's name.
 # A run whose rows are there already has left the queue (and the barrier before it): COLLECT below records them.
 declare -A rec=([mtop-8000-locked-s2]="mtop-8000-locked locked s2" [mtop-8000]="mtop-recipe-choices dev r8000gpu2"
   [mtop-8000-mpnet]="mtop-recipe-choices dev r8000mpnet" [smc-1000-mpnet]="smcalflow-recipe-choices dev r1000mpnet"
   [break-2000-mpnet]="break-recipe-choices dev r2000mpnet" [break-2000]="break-recipe-choices dev r2000"
-  [break-4000-mpnet]="break-recipe-choices dev r4000mpnet")
+  [break-4000-mpnet]="break-recipe-choices dev r4000mpnet" [mtop-l50]="mtop-reward-dev dev l50")
 for n in 1000 2000; do rec[smc-$n]="smcalflow-recipe-choices dev r$n"; done
 # arms whose labels may be scored over sessions on more than one bf16 CPU (BREAK's PLAN amendment 8), with the
 # committed label files (in the arm's results folder) of the arms they build on, imported before each session
@@ -73,7 +77,7 @@ pending() {  # the lane without its recorded runs
   done
   local IFS=';'; echo "${out[*]}"
 }
-queue=""; for l in "$lane1" "$lane2" "$lane3" "$lane4"; do p=$(pending "$l"); [ -n "$p" ] && queue+="${queue:+|}$p"; done
+queue=""; for l in "$lane1" "$lane2" "$lane3" "$lane4" "$lane5"; do p=$(pending "$l"); [ -n "$p" ] && queue+="${queue:+|}$p"; done
 # every earlier lease's scores (IMPORT= imports none): the first lease's, and each one COLLECT kept since
 leases=${LEASES:-leases}
 imports=(results/mtop-8000-locked/scores-h200.json.gz); for f in "$leases"/*/scores.json.gz; do [ -f "$f" ] && imports+=("$f"); done
@@ -107,7 +111,7 @@ if [ -n "${HERE:-}" ]; then
   # recorded there, as COLLECT records a lease's runs. DTYPE overrides what `auto` resolves to here. The same
   # command in a later session resumes the arm where it stopped (amendment 6), on the CPU it started on only; an
   # arm in `moves` above, on any bf16 CPU, its labels carried between sessions in parts (BREAK's amendment 8).
-  step=""; IFS='|;' read -ra all <<< "$lane1;$lane2;$lane3;$lane4"
+  step=""; IFS='|;' read -ra all <<< "$lane1;$lane2;$lane3;$lane4;$lane5"
   for s in "${all[@]}"; do [[ $s != after:* && $(name_of "$s") == "$HERE" ]] && step=${s#\?}; done
   [ -n "$step" ] || { echo "gpu_queue: HERE=$HERE is no queued run's name"; exit 2; }
   read -ra r <<< "${rec[$HERE]}"

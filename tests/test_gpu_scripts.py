@@ -207,7 +207,7 @@ def test_barriers_refused_where_nothing_makes_their_files_and_bounded_in_time(tm
 def test_the_queue_imports_the_earlier_lease_and_passes_each_planned_run_whole(tmp_path):
     """scripts/gpu_queue.sh, the next lease's one call: the earlier lease's scores go in first, then every queued run
     reaches ``epr run`` with its arguments as its plan writes them (a list setting is one argument, its brackets
-    and commas intact), the MTOP seed, the two tasks' arms and MTOP's encoder trial as four lanes, each in its plan's order."""
+    and commas intact), the MTOP seed, the two tasks' arms, MTOP's encoder trial and issue 74's L50 as five lanes, each in its plan's order."""
     import json
     import shlex
 
@@ -236,7 +236,7 @@ def test_the_queue_imports_the_earlier_lease_and_passes_each_planned_run_whole(t
     calls = [json.loads(x) for x in (tmp_path / "stub.py.jsonl").read_text().splitlines()]
     assert calls[0][:3] == ["cache", "import", "results/mtop-8000-locked/scores-h200.json.gz"]
     got = [c[1:-4] for c in calls[1:]]  # each run's own arguments, without the run root and the data dir
-    assert sorted(got) == sorted(shlex.split(r) for r in runs) and len(runs) == 2
+    assert sorted(got) == sorted(shlex.split(r) for r in runs) and len(runs) == 3
     names = [
         a[-1].removeprefix("name=") for a in got
     ]  # in the order they started: each lane in its plan's order
@@ -252,6 +252,10 @@ def test_the_queue_imports_the_earlier_lease_and_passes_each_planned_run_whole(t
     assert "models.encoder=mpnet" not in by_name["mtop-8000"]
     for n in ("mtop-8000", "mtop-8000-mpnet"):  # dev: the locked examples are the other plan's, read once
         assert "candidates.num_queries=8000" in by_name[n] and not any("eval_part" in a for a in by_name[n])
+    # issue 74's L50 (results/mtop-reward-dev, amendment 1): the default recipe's 2,000 labels with 50 candidates
+    l50 = by_name["mtop-l50"]
+    assert "candidates.L=50" in l50 and "select.weigh=logprob+em" in l50 and "candidates.num_queries=8000" not in l50
+    assert "select.retrievers=[epr,hybrid,epr+rm,hybrid+rm]" in l50 and not any("eval_part" in a for a in l50)
     # the queued runs take the GPU's default (one padded batch), as their plans' amendments say
     assert not [n for n, a in by_name.items() if any("length_buckets" in x for x in a)]
 
@@ -330,7 +334,7 @@ def test_the_queue_smoke_runs_each_distinct_run_shrunk_and_on_dev(tmp_path):
     calls = [json.loads(x) for x in (tmp_path / "stub.py.jsonl").read_text().splitlines()]
     names = [next(a for a in c if a.startswith("name=")).removeprefix("name=") for c in calls]
     # the locked seed and SMCalFlow's and BREAK's arms are recorded
-    assert names == ["mtop-8000", "mtop-8000-mpnet"]  # fmt: skip
+    assert names == ["mtop-8000", "mtop-8000-mpnet", "mtop-l50"]  # fmt: skip
     for c in calls:
         sets = [c[i + 1] for i, a in enumerate(c) if a == "--set"]
         last = {s.split("=")[0]: s.split("=", 1)[1] for s in sets}  # a later --set of a key wins
@@ -416,13 +420,13 @@ def test_a_recorded_run_leaves_the_queue_and_collect_records_what_a_lease_finish
     assert "mtop-8000-locked-s2" not in names and "smc-1000" not in names
     i = names.index("smc-1000-mpnet")
     assert steps[i - 1] == "after:mpnet.ok@300" and names[i + 1] == "smc-2000"  # E keeps its wait for mpnet
-    assert len([n for n in names if not n.startswith("after:")]) == 7
+    assert len([n for n in names if not n.startswith("after:")]) == 8
     # a lease that will not carry mpnet's pieces: its arms and their waits are left out
     plan = subprocess.run(
         ["bash", queue], env={**env, "DRY_RUN": "1", "MPNET": "0"}, capture_output=True, text=True
     )
     steps = plan.stdout.splitlines()[1:]
-    assert not [x for x in steps if "mpnet" in x] and len(steps) == 3
+    assert not [x for x in steps if "mpnet" in x] and len(steps) == 4
 
 
 def test_here_runs_one_queued_arm_on_this_machine_then_exports_its_labels_and_records_it(tmp_path):
