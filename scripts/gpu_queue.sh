@@ -160,7 +160,7 @@ if [ "${SMOKE:-0}" = 1 ]; then
   # examples, the dev part: a smoke run reads no locked example), one after another under $SMOKE_ROOT, so that a
   # setting, task, model or retriever that fails does so here and not in a lease's lane. Label counts collapse to
   # one run; what the GPU alone does (its kernels, its sizes) stays untried: tests/test_cuda.py on a lease.
-  root=${SMOKE_ROOT:-runs/smoke}; small='--set candidates.num_queries=64 --set train.dev_size=8'
+  root=${SMOKE_ROOT:-runs/smoke}; small='--set candidates.num_queries=64 --set train.dev_size=8 --set reward.dev_size=8'
   small+=' --set data.pool_limit=2000 --set data.eval_part=dev --set retrieve.eval_limit=8 --set select.size=16'
   small+=' --set generate.max_new_tokens=32'
   mkdir -p "$root"; declare -A seen; fails=0

@@ -75,11 +75,18 @@ def read_labels(rows: Sequence[dict], n_pool: int, where: str = "labels.jsonl") 
     return out
 
 
-def split_dev(labels: list[LabelRow], dev_size: int, seed: int) -> tuple[list[LabelRow], list[LabelRow]]:
+def split_dev(
+    labels: list[LabelRow], dev_size: int, seed: int, setting: str = "train.dev_size"
+) -> tuple[list[LabelRow], list[LabelRow]]:
+    """``dev_size`` seeded labelled examples held out; ``setting`` names the option in the error (the encoder's
+    ``train.dev_size``, the reward model's ``reward.dev_size``)."""
     if dev_size <= 0:
         return labels, []
     if dev_size >= len(labels):
-        raise InputError(f"train.dev_size={dev_size} leaves no training instances out of {len(labels)}")
+        raise InputError(
+            f"{setting}={dev_size} leaves no training instances out of {len(labels)} labelled examples: lower "
+            f"{setting} (0: no dev metrics) or label more examples"
+        )
     dev = set(np.random.default_rng(seed).choice(len(labels), dev_size, replace=False).tolist())
     return [r for i, r in enumerate(labels) if i not in dev], [r for i, r in enumerate(labels) if i in dev]
 

@@ -109,7 +109,7 @@ def train_reward(
         raise ValueError(
             "the reward model learns from every scored candidate: rerun the labels stage (old labels)"
         )
-    train_rows, dev = split_dev(data.labels, rc.dev_size, rc.seed)
+    train_rows, dev = split_dev(data.labels, rc.dev_size, rc.seed, "reward.dev_size")
     model = CrossEncoder.from_pretrained(rc.backbone, rc.max_length, cache, rc.seed)
     steps_per_epoch = len(train_rows) // (rc.batch_size * acc.num_processes)
     if steps_per_epoch == 0:

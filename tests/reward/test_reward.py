@@ -18,6 +18,7 @@ from epr.context import Context
 from epr.encoder.data import LabelRow
 from epr.encoder.losses import distill_loss, group_kl
 from epr.reward.model import CrossEncoder, rerank
+from epr.types import InputError
 from tests.stages.test_pipeline import ctx_overrides
 
 
@@ -143,6 +144,10 @@ def test_the_reward_stage_trains_resumes_and_beats_its_untrained_self(
     assert pipeline.stage_fingerprint(whole, "reward") != pipeline.stage_fingerprint(
         _ctx(tmp_path / "b", tiny, tiny_lm_dir, minilm_dir, "reward.epochs=2"), "reward"
     )
+    # a held-out share that leaves nothing to train on is named by the reward model's own setting
+    big = _ctx(tmp_path / "b", tiny, tiny_lm_dir, minilm_dir, "reward.epochs=2", "reward.dev_size=100000")
+    with pytest.raises(InputError, match=r"^reward\.dev_size=100000 leaves no training instances"):
+        pipeline.run(big, until="reward")
 
 
 def test_old_labels_without_candidate_lists_are_refused(tmp_path, minilm_dir):
