@@ -261,6 +261,25 @@ def test_dev_size_that_leaves_no_training_is_refused_before_labels(tmp_path, cap
                 check_dev_size(ctx)
         else:
             check_dev_size(ctx)
+    # the reward model's own held-out share, checked where the run trains it (and only there)
+    base = [*sets[1::2][:-2], "train.dev_size=1"]
+    ctx = Context(load_config([], [*base, "reward.dev_size=8"]))
+    check_dev_size(ctx)  # negative control: a run that trains no reward model never reads it
+    with pytest.raises(ConfigError, match=r"^reward\.dev_size=8 would leave .* --set reward\.dev_size=1"):
+        check_dev_size(ctx, ("encoder", "reward"))
+    check_dev_size(Context(load_config([], [*base, "reward.dev_size=7"])), ("encoder", "reward"))
+    rm = [
+        *sets,
+        "--set",
+        "train.dev_size=1",
+        "--set",
+        "reward.dev_size=8",
+        "--set",
+        "retrieve.retrievers=[bm25,epr+rm]",
+    ]
+    rc, err = cli(capsys, "run", "--until", "reward", *rm)
+    assert_clean_error(rc, err, "reward.dev_size=8 would leave no training instances")
+    assert not (tmp_path / "runs" / "bad" / "scores").exists()  # before the LM scored a label
 
 
 @pytest.mark.parametrize("cmd", [["run", "--until", "tqa_report"], ["tqa_contexts"]])

@@ -107,10 +107,9 @@ def run(ctx: Context, until: str = "labels", force: tuple[str, ...] = ()) -> lis
         )
     ran = []
     for name in order:
-        if (
-            name == "scores" and "encoder" in order
-        ):  # a training setting known to fail: said before the LM work
-            candidates.check_dev_size(ctx)
+        trains = tuple(t for t in ("encoder", "reward") if t in order)
+        if name == "scores" and trains:  # a training setting known to fail: said before the LM work
+            candidates.check_dev_size(ctx, trains)
         if run_stage(ctx, name, force=name in force):
             ran.append(name)
     return ran

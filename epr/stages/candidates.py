@@ -147,21 +147,27 @@ def labelled_ids(cfg, n_pool: int) -> np.ndarray:
     return qids
 
 
-def check_dev_size(ctx: Context) -> None:
-    """Refuse a ``train.dev_size`` that leaves no instance to train on. ``epr.pipeline.run`` asks before the LM
-    scores a label for a run that goes on to train (the encoder stage would refuse it only after the scoring)."""
-    dev_size, num_queries = ctx.cfg.train.dev_size, ctx.cfg.candidates.num_queries
+def check_dev_size(ctx: Context, trains: tuple[str, ...] = ("encoder",)) -> None:
+    """Refuse a held-out share that leaves no instance to train on: ``train.dev_size`` where the run trains the
+    encoder, ``reward.dev_size`` where it trains the reward model (``trains``). ``epr.pipeline.run`` asks before the
+    LM scores a label for a run that goes on to train (the training stage would refuse it only after the scoring)."""
+    num_queries = ctx.cfg.candidates.num_queries
     n_pool = len(ctx.examples("pool"))
     n_labelled = len(labelled_ids(ctx.cfg, n_pool))
-    if dev_size < n_labelled:
-        return
-    less = " less the select slice" if n_labelled < min(n_pool, num_queries or n_pool) else ""
-    suggest = min(max(1, n_labelled // 10), n_labelled - 1) if n_labelled > 1 else 0  # a tenth, never all
-    raise ConfigError(
-        f"train.dev_size={dev_size} would leave no training instances: the run labels {n_labelled} pool examples "
-        f"(candidates.num_queries={num_queries}, a pool of {n_pool}{less}); set train.dev_size below {n_labelled} "
-        f"(e.g. --set train.dev_size={suggest}), or 0 for no dev metrics"
-    )
+    sizes = {
+        "encoder": ("train.dev_size", ctx.cfg.train.dev_size),
+        "reward": ("reward.dev_size", ctx.cfg.reward.dev_size),
+    }
+    for setting, dev_size in (sizes[t] for t in trains):
+        if dev_size < n_labelled:
+            continue
+        less = " less the select slice" if n_labelled < min(n_pool, num_queries or n_pool) else ""
+        suggest = min(max(1, n_labelled // 10), n_labelled - 1) if n_labelled > 1 else 0  # a tenth, never all
+        raise ConfigError(
+            f"{setting}={dev_size} would leave no training instances: the run labels {n_labelled} pool examples "
+            f"(candidates.num_queries={num_queries}, a pool of {n_pool}{less}); set {setting} below {n_labelled} "
+            f"(e.g. --set {setting}={suggest}), or 0 for no dev metrics"
+        )
 
 
 def mine_round(ctx: Context, qids: np.ndarray, L: int) -> tuple[list[Ranking], int, str]:
