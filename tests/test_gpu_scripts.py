@@ -254,7 +254,11 @@ def test_the_queue_imports_the_earlier_lease_and_passes_each_planned_run_whole(t
         assert "candidates.num_queries=8000" in by_name[n] and not any("eval_part" in a for a in by_name[n])
     # issue 74's L50 (results/mtop-reward-dev, amendment 1): the default recipe's 2,000 labels with 50 candidates
     l50 = by_name["mtop-l50"]
-    assert "candidates.L=50" in l50 and "select.weigh=logprob+em" in l50 and "candidates.num_queries=8000" not in l50
+    assert (
+        "candidates.L=50" in l50
+        and "select.weigh=logprob+em" in l50
+        and "candidates.num_queries=8000" not in l50
+    )
     assert "select.retrievers=[epr,hybrid,epr+rm,hybrid+rm]" in l50 and not any("eval_part" in a for a in l50)
     # the queued runs take the GPU's default (one padded batch), as their plans' amendments say
     assert not [n for n, a in by_name.items() if any("length_buckets" in x for x in a)]
