@@ -131,7 +131,12 @@ def reselect_main(argv: list[str] | None = None, prog: str | None = None) -> int
     from epr.stages.select import reselect
 
     ap = argparse.ArgumentParser(prog=prog, description=reselect.__doc__.split("\n")[0].rstrip(":"))
-    ap.add_argument("run", type=Path, help="a run folder whose select stage finished (or its select/ folder)")
+    ap.add_argument(
+        "run",
+        type=Path,
+        help="a run folder whose select stage finished (or its select/ folder), or a results folder's committed "
+        "rows/select-NAME.jsonl.gz (its select-report-NAME.json beside them)",
+    )
     ap.add_argument(
         "--retrievers", required=True, help="the modes to choose among, comma-separated (epr,hybrid)"
     )
@@ -141,7 +146,7 @@ def reselect_main(argv: list[str] | None = None, prog: str | None = None) -> int
     ap.add_argument("--alpha", type=float, default=None, help="select.alpha (default: the run's)")
     ap.add_argument("--out", type=Path, help="write the report as JSON here")
     a = ap.parse_args(argv)
-    d = a.run if (a.run / "per_example.jsonl").exists() else a.run / "select"
+    d = a.run if a.run.is_file() or (a.run / "per_example.jsonl").exists() else a.run / "select"
     r = reselect(d, [x.strip() for x in a.retrievers.split(",") if x.strip()], a.weigh, a.alpha)
     if a.out:
         a.out.write_text(json.dumps(r, indent=2) + "\n")

@@ -16,6 +16,7 @@ import numpy as np
 
 from epr.artifacts import read_json
 from epr.experiments import digests
+from epr.experiments.choices import recheck
 from epr.experiments.declaration import Experiment, load
 from epr.reports.curve import attach_em, curve_rows, seeded
 from epr.reports.curve_rows import rows_from_dir
@@ -327,6 +328,9 @@ def check(folder: Path, rows_from: Path | None = None) -> list[str]:
             f"{folder.name}: a {exp.status} folder declares no expected number (nothing of it is checked)"
         )
     got, problems = recompute(exp if rows_from is None else dataclasses.replace(exp, folder=Path(rows_from)))
+    problems += recheck(
+        folder if rows_from is None else Path(rows_from)
+    )  # the served choices, from their rows
     for e in exp.expected:
         if e.row not in got:
             problems.append(f"expected {e.row}.{e.field}: no such row (rows: {sorted(got)})")

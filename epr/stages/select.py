@@ -32,7 +32,15 @@ from epr.reports.stats import paired_gain
 from epr.stages.candidates import held_out_ids
 from epr.types import ConfigError, InputError
 
-__all__ = ["BASELINE", "choose", "reselect", "run_select", "read_selection"]
+__all__ = [
+    "BASELINE",
+    "choose",
+    "choose_rows",
+    "committed_report",
+    "reselect",
+    "run_select",
+    "read_selection",
+]
 
 log = logging.getLogger(__name__)
 
@@ -221,25 +229,18 @@ def read_selection(run_dir: str | Path) -> dict | None:
     return json.loads((d / "report.json").read_text())
 
 
-def reselect(
-    select_dir: str | Path, retrievers: list[str], weigh: str = "logprob", alpha: float | None = None
-) -> dict:
-    """What a finished ``select`` stage would have chosen among ``retrievers`` alone (a subset of those it scored)
-    under ``weigh``: :func:`choose` over its ``per_example.jsonl``, no LM call. An experiment's arm that serves fewer
-    modes than its run scored is judged by the choice it would have made (issue 74, item 6). ``alpha``: the run's."""
-    d = Path(select_dir)
-    path, report = d / "per_example.jsonl", d / "report.json"
-    if not path.exists() or not report.exists():
-        raise InputError(f"{d}: no finished select stage here (per_example.jsonl and report.json)")
-    rows = list(read_jsonl(path))
+def choose_rows(rows: list[dict], retrievers: list[str], weigh: str, alpha: float, where: str) -> dict:
+    """:func:`choose` over a select stage's per-example rows (``{name: gold log-prob or None, name:em: 1/0}``, as
+    ``per_example.jsonl`` holds them) among ``retrievers`` alone, under ``weigh``. ``where`` names the rows in
+    errors. Pure."""
     missing = [n for n in (BASELINE, *retrievers) if rows and n not in rows[0]]
     if missing:
         raise InputError(
-            f"{path}: select scored no {', '.join(missing)} (it has {', '.join(k for k in rows[0] if k != 'idx' and ':' not in k)})"
+            f"{where}: select scored no {', '.join(missing)} (it has {', '.join(k for k in rows[0] if k != 'idx' and ':' not in k)})"
         )
     if weigh == "logprob+em" and rows and f"{BASELINE}:em" not in rows[0]:
         raise InputError(
-            f"{path}: weigh=logprob+em needs each example's greedy exact match; this run ran select.weigh=logprob"
+            f"{where}: weigh=logprob+em needs each example's greedy exact match; this run ran select.weigh=logprob"
         )
     names = [BASELINE, *dict.fromkeys(retrievers)]
     lp = {n: np.array([math.nan if r[n] is None else r[n] for r in rows], dtype=float) for n in names}
@@ -248,5 +249,35 @@ def reselect(
         if weigh == "logprob+em"
         else None
     )
+    return {**choose(lp, names[1:], alpha, em), "n": len(rows), "retrievers": names[1:], "weigh": weigh}
+
+
+def committed_report(rows_file: str | Path) -> Path:
+    """The ``select-report*.json`` that ``epr experiment record`` committed beside a select stage's rows
+    (``rows/select-NAME.jsonl.gz`` -> ``select-report-NAME.json``; ``rows/select-per_example.jsonl.gz`` ->
+    ``select-report.json``)."""
+    f = Path(rows_file)
+    stem = f.name.removesuffix(".gz").removesuffix(".jsonl").removeprefix("select-")
+    return f.parent.parent / ("select-report.json" if stem == "per_example" else f"select-report-{stem}.json")
+
+
+def reselect(
+    select_dir: str | Path, retrievers: list[str], weigh: str = "logprob", alpha: float | None = None
+) -> dict:
+    """What a finished ``select`` stage would have chosen among ``retrievers`` alone (a subset of those it scored)
+    under ``weigh``: :func:`choose` over its ``per_example.jsonl``, no LM call. An experiment's arm that serves fewer
+    modes than its run scored is judged by the choice it would have made (issue 74, item 6). ``alpha``: the run's.
+    ``select_dir`` may also be a results folder's committed rows (``rows/select-NAME.jsonl.gz``, its report beside
+    them): the answer then names them as ``source``, and ``epr experiment check`` recomputes it."""
+    d = Path(select_dir)
+    committed = d.is_file()
+    path, report = (d, committed_report(d)) if committed else (d / "per_example.jsonl", d / "report.json")
+    if not path.exists() or not report.exists():
+        raise InputError(
+            f"{d}: no finished select stage here ({path.name} and {report.name})"
+            if not committed
+            else f"{d}: no {report.name} beside these rows (epr experiment record writes both)"
+        )
     a = json.loads(report.read_text())["alpha"] if alpha is None else alpha
-    return {**choose(lp, names[1:], a, em), "n": len(rows), "retrievers": names[1:], "weigh": weigh}
+    out = choose_rows(list(read_jsonl(path)), retrievers, weigh, a, str(path))
+    return {**out, "source": f"rows/{d.name}"} if committed else out

@@ -17,6 +17,7 @@ from epr.experiments import check as checking
 from epr.experiments import declare, digests, gap, index
 from epr.experiments.declaration import load
 from epr.reports import plots
+from epr.stages.select import choose_rows
 from epr.types import InputError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -226,6 +227,11 @@ def _slices_folder(tmp_path, src: str, prefix: str):
         (folder / "rows" / f"{prefix}-{name}.jsonl.gz").write_bytes(
             gzip.compress("".join(json.dumps(r) + "\n" for r in rs).encode())
         )
+        if (
+            prefix == "select"
+        ):  # record writes a select's report beside its rows, and check recomputes its choice
+            report = choose_rows(rs, ["epr", "hybrid"], "logprob", 0.05, name)
+            (folder / f"select-report-{name}.json").write_text(json.dumps(report))
 
     return rows, folder, put
 
