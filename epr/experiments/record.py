@@ -7,7 +7,8 @@ expected numbers and the tests are (re)read from the rows.
 
 ``--as NAME`` records the run as one side of a ``kind: slices`` folder instead (several runs side by side, choices
 made on dev): ``rows/per_query-NAME.jsonl.gz``, ``rows/select-NAME.jsonl.gz``, ``select-report-NAME.json`` and the
-labels' LM cost where the run's evaluation counted it (``label-cost-NAME.json``); the declaration's expected numbers
+labels' LM cost where the run's evaluation counted it (``label-cost-NAME.json``, with each round's scoring time:
+:func:`scoring_time`); the declaration's expected numbers
 are then every side, pair and gap share its ``extra`` names, recomputed from the rows."""
 
 from __future__ import annotations
@@ -152,6 +153,25 @@ def record_side(run: Path, folder: Path, name: str, part: str = "dev", overwrite
     return folder / FILE
 
 
+def scoring_time(run: Path) -> list[dict]:
+    """Each round's label scoring as its ``scores`` stage measured it (first round first; the last round's stage is
+    the run's own ``scores/``): wall seconds, the sequences scored here (a cache hit is not), their rate, the
+    machine, and the scoring settings (dtype, int8) that the stage was keyed by. A round whose manifest is gone is
+    left out, not guessed."""
+    found = sorted(
+        run.glob("rounds/round-*/scores/manifest.json"), key=lambda p: int(p.parts[-3].split("-")[1])
+    )
+    out = []
+    for i, path in enumerate([*found, run / "scores" / "manifest.json"], 1):
+        if path.exists():
+            m = read_json(path)
+            speed = m.get("scoring_speed") or {}
+            keep = ("scored_here", "scoring_seconds", "sequences_per_s", "machine")
+            out.append({"round": i, "seconds": m.get("seconds"), **{k: speed.get(k) for k in keep},
+                        "settings": m.get("config")})  # fmt: skip
+    return out
+
+
 def _record_side(run: Path, title: str, folder: Path, name: str, ev: Path, sel_dir: Path, part: str) -> None:
     import dataclasses
 
@@ -168,6 +188,7 @@ def _record_side(run: Path, title: str, folder: Path, name: str, ev: Path, sel_d
     shutil.copy(sel_dir / "report.json", folder / f"select-report-{name}.json")
     cost = read_json(ev / "manifest.json").get("label_cost")
     if cost is not None:
+        cost = {**cost, "scoring": scoring_time(run)}
         (folder / f"label-cost-{name}.json").write_text(json.dumps(cost, indent=2) + "\n")
     decl = folder / FILE
     d = yaml.safe_load(decl.read_text()) if decl.exists() else {}
