@@ -88,3 +88,45 @@ def test_a_row_without_a_score_per_candidate_is_named(cl, tmp_path):
     assert cl.load(_write(tmp_path / "ok.jsonl", [good]))[1] == good
     with pytest.raises(ValueError, match="share no training example"):
         cl.compare({1: good}, {2: good})
+
+
+def test_the_positives_and_negatives_training_reads(cl, capsys, tmp_path):
+    """``kept``: on the examples whose candidates are the same set in both, the share whose positives and hard
+    negatives (the rows' own ``pos`` / ``neg``, as the labels stage chose them) are the same sets."""
+    from epr.encoder.data import select_labels
+
+    ids = [10, 11, 12, 13, 14, 15]
+    a = {q: {"qid": q, **select_labels(ids, [-1.0, -2.0, -3.0, -4.0, -5.0, -6.0], 2, 2)} for q in (1, 2, 3)}
+    b = {
+        1: {
+            "qid": 1,
+            **select_labels(ids[::-1], [-6.0, -5.0, -4.0, -3.0, -2.0, -1.0], 2, 2),
+        },  # the same labels
+        2: {
+            "qid": 2,
+            **select_labels(ids, [-2.0, -1.0, -3.0, -4.0, -6.0, -5.0], 2, 2),
+        },  # order within sets moved
+        3: {
+            "qid": 3,
+            **select_labels(ids, [-3.0, -2.0, -1.0, -4.0, -5.0, -6.0], 2, 2),
+        },  # 12 into the positives
+    }
+    k = cl.kept(a, b, [1, 2, 3])
+    assert k == {"same_candidates_examples": 3, "positives_identical": pytest.approx(2 / 3),
+                 "negatives_identical": 1.0}  # fmt: skip
+    b[3]["neg"] = [13, 14]  # negative control: a changed negative set counts
+    assert cl.kept(a, b, [1, 2, 3])["negatives_identical"] == pytest.approx(2 / 3)
+    b[2] = {
+        "qid": 2,
+        **select_labels([10, 11, 12, 13, 14, 99], [-1.0] * 6, 2, 2),
+    }  # other candidates: left out
+    assert cl.kept(a, b, [1, 2, 3])["same_candidates_examples"] == 2
+    assert (
+        cl.kept({1: {"cands": [1], "cand_scores": [0.0]}}, {1: {"cands": [2], "cand_scores": [0.0]}}, [1])
+        == {}
+    )
+    from epr.cli.tools import compare_labels_main
+
+    pa = _write(tmp_path / "a.jsonl", list(a.values()))
+    assert compare_labels_main([str(pa), str(pa)]) == 0
+    assert "the same positives on 100.0%, the same hard negatives on 100.0%" in capsys.readouterr().out

@@ -42,6 +42,12 @@ def compare_labels_main(argv: list[str] | None = None, prog: str | None = None) 
             f"{c['top_k']} on {c['top_k_identical'] or 0:.1%} of examples); score |A - B|: mean "
             f"{c['score_abs_diff_mean']:.3f}, max {c['score_abs_diff_max']:.3f} nats"
         )
+    if "same_candidates_examples" in c:
+        print(
+            f"the labels training reads, on the {c['same_candidates_examples']} examples with the same candidates in "
+            f"both: the same positives on {c['positives_identical']:.1%}, the same hard negatives on "
+            f"{c['negatives_identical']:.1%}"
+        )
     return 0
 
 

@@ -87,4 +87,19 @@ def compare(a: dict[int, dict], b: dict[int, dict], k: int = 3) -> dict:
         "median_a": float(med[:, 0].mean()),
         "median_b": float(med[:, 1].mean()),
         **agreement(a, b, q, k),
+        **kept(a, b, q),
+    }
+
+
+def kept(a: dict[int, dict], b: dict[int, dict], q: list[int]) -> dict:
+    """The labels as training reads them, on the examples whose candidates are the same in both (the same
+    candidates scored twice): the share of examples whose positives (``pos``) are the same set in B as in A, and
+    whose hard negatives (``neg``) are. Empty where no example has the same candidates in both."""
+    same = [i for i in q if set(a[i]["cands"]) == set(b[i]["cands"]) and "pos" in a[i] and "pos" in b[i]]
+    if not same:
+        return {}
+    return {
+        "same_candidates_examples": len(same),
+        "positives_identical": float(np.mean([set(a[i]["pos"]) == set(b[i]["pos"]) for i in same])),
+        "negatives_identical": float(np.mean([set(a[i]["neg"]) == set(b[i]["neg"]) for i in same])),
     }
