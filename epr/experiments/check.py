@@ -328,9 +328,8 @@ def check(folder: Path, rows_from: Path | None = None) -> list[str]:
             f"{folder.name}: a {exp.status} folder declares no expected number (nothing of it is checked)"
         )
     got, problems = recompute(exp if rows_from is None else dataclasses.replace(exp, folder=Path(rows_from)))
-    problems += recheck(
-        folder if rows_from is None else Path(rows_from)
-    )  # the served choices, from their rows
+    # the served choices (select reports, reselect answers), recomputed from their rows
+    problems += recheck(folder if rows_from is None else Path(rows_from))
     for e in exp.expected:
         if e.row not in got:
             problems.append(f"expected {e.row}.{e.field}: no such row (rows: {sorted(got)})")
