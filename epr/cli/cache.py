@@ -1,4 +1,5 @@
-"""``epr cache export|import FILE``: a run root's LM score stores as one portable file."""
+"""``epr cache export|import FILE``: a run root's LM score stores (scores, greedy flags, the predict stage's
+generations) as one portable file."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ def add_parser(sub, common) -> None:
     sc = sub.add_parser(
         "cache",
         parents=[common],
-        help="move LM scores between run roots or machines: export the run root's score stores to one file, "
-        "import one",
+        help="move LM scores and generations between run roots or machines: export the run root's stores to one "
+        "file, import one",
     )
     sc.add_argument("action", choices=("export", "import"))
     sc.add_argument("file", help="the .json.gz file to write (export) or read (import)")
@@ -74,31 +75,37 @@ def run(ctx, args: argparse.Namespace) -> int:
     accepted = {
         d.name for d in accepted_stores(ctx.cfg)
     }  # scoring.accept_devices: read by this config's labels
-    for line in unread_stores(
-        root,
-        [s for s in got if s not in accepted],
-        [scoring_key(ctx.cfg), scoring_key(ctx.cfg, inference=True)],
-    ):
+    from epr.stages.predict import generation_key
+
+    mine = [scoring_key(ctx.cfg), scoring_key(ctx.cfg, inference=True)]
+    mine.append(generation_key(ctx.cfg, ctx.prompt(inference=True).stop))
+    for line in unread_stores(root, [s for s in got if s not in accepted], mine):
         sys.stdout.write(line + "\n")
     return 0
 
 
 def unread_stores(root: Path, stores: list[str], mine: list[dict]) -> list[str]:
     """A note for each imported store that no run of this config reads: its key is neither this config's scoring
-    LM's nor its inference LM's on this machine (another device, dtype or batch layout: bf16 scores depend on
+    LM's nor its inference LM's (scores, greedy flags, generations) on this machine (another device, dtype or batch layout: bf16 scores depend on
     them), with the fields that differ, so an import that will not save any LM work says so instead of passing
     silently."""
     import json
 
+    from epr.cache import fingerprint
     from epr.lm.factory import LAYOUT_FIELDS, key_diff, nearest_key
-    from epr.lm.score_cache import ScoreCache
 
-    here = {ScoreCache(root, k).dir.name: k for k in mine}
+    def computation(key: dict) -> str:
+        """A greedy-flag store reads as its scores' computation; a generation store as its settings', whichever
+        decoder the run takes (the lean one also keeps the gold log-prob)."""
+        drop = {"gold_in_generation"} | ({"quantity"} if key.get("quantity") == "greedy_match" else set())
+        return fingerprint({f: v for f, v in key.items() if f not in drop})
+
+    here = {computation(k) for k in mine}
     out = []
     for store in stores:
-        if store in here:
-            continue
         key = json.loads((root / store / "KEY.json").read_text(encoding="utf-8"))
+        if computation(key) in here:
+            continue
         near = nearest_key(key, mine)
         differ = {f for f in set(near) | set(key) if near.get(f) != key.get(f)}
         hint = ""

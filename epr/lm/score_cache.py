@@ -7,6 +7,11 @@ so a run with a larger label set reuses every score a smaller one computed, and 
 forward never reads another computation's scores. Shards are written atomically, one per finished chunk, so a
 killed run loses at most the chunk it was scoring. A shard is named by a digest of its entries, so no write
 replaces another, within a process or across processes.
+
+A store whose key says ``"quantity": "generation"`` holds the predict stage's greedy generations the same way: per
+(prompt, gold answer) the pair ``[prediction, log p(gold | prompt) or null]``, under the generation settings and the
+LM's key, so a prompt any earlier run generated for (BM25's, the LM-Oracle's: the same in every run of a dataset) is
+not generated again, and ``epr cache export`` carries generations between machines like scores.
 """
 
 from __future__ import annotations
@@ -37,6 +42,33 @@ log = logging.getLogger(__name__)
 
 
 PAIR_KEY = re.compile(r"[0-9a-f]{24}")  # what pair_key writes
+GENERATION = "generation"  # a store's ``quantity`` whose values are ``[prediction, gold log-prob or None]``
+
+
+def _valid(kind: str | None, v) -> bool:
+    """Whether ``v`` is a value a store of this ``quantity`` holds: a finite number (a score, a greedy flag), or
+    for a generation store ``[text, finite number or null]``."""
+    if kind == GENERATION:
+        return (
+            isinstance(v, list)
+            and len(v) == 2
+            and isinstance(v[0], str)
+            and (v[1] is None or _valid(None, v[1]))
+        )
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _value(kind: str | None, v):
+    return [str(v[0]), None if v[1] is None else float(v[1])] if kind == GENERATION else float(v)
+
+
+def _differs(kind: str | None, a, b, tol: float) -> bool:
+    """Two values of one entry that disagree: another text, or numbers more than ``tol`` apart."""
+    if kind == GENERATION:
+        return (
+            a[0] != b[0] or (a[1] is None) != (b[1] is None) or (a[1] is not None and abs(a[1] - b[1]) > tol)
+        )
+    return abs(a - b) > tol
 
 
 def pair_key(context: str, target: str) -> str:
@@ -45,14 +77,14 @@ def pair_key(context: str, target: str) -> str:
 
 class ScoreCache:
     def __init__(self, root: str | Path, key: dict):
-        self.key = key
+        self.key, self.kind = key, key.get("quantity")
         self.dir = Path(root) / fingerprint(key)
         self.dir.mkdir(parents=True, exist_ok=True)
         remove_stale_temps(self.dir)
         kf = self.dir / "KEY.json"
         if not kf.exists():
             atomic_write_text(kf, json.dumps(key, indent=2, sort_keys=True) + "\n")
-        self._mem: dict[str, float] = {}
+        self._mem: dict[str, float | list] = {}
         self._seen: set[str] = set()
         self._others: list[ScoreCache] = []
         self.served: dict[str, int] = {}  # scores each accepted store served (``accept``)
@@ -112,10 +144,9 @@ class ScoreCache:
             left -= mine
         return out | {"missing": len(left)}
 
-    def put(
-        self, contexts: Sequence[str], targets: Sequence[str], scores: Sequence[float], name: str
-    ) -> None:
-        new = {pair_key(c, t): float(s) for c, t, s in zip(contexts, targets, scores)}
+    def put(self, contexts: Sequence[str], targets: Sequence[str], scores: Sequence, name: str) -> None:
+        """Add one finished chunk's values (scores; for a generation store ``[prediction, gold log-prob]``)."""
+        new = {pair_key(c, t): _value(self.kind, s) for c, t, s in zip(contexts, targets, scores)}
         if not new:
             return
         # named by its content: no write replaces another (in one process or across processes), and the same
@@ -253,12 +284,11 @@ def read_export(path: str | Path) -> list[dict]:
             raise InputError(
                 f"{path}: store #{i}: its computation key has empty or untyped fields {empty or '(none)'}"
             )
-        bad = [k for k, v in s["scores"].items() if not isinstance(v, (int, float)) or isinstance(v, bool)]
-        if bad:
-            raise InputError(f"{path}: store #{i}: {len(bad)} scores are not numbers (first pair {bad[0]})")
-        odd = [k for k, v in s["scores"].items() if not math.isfinite(v)]
-        if odd:  # JSON's NaN / Infinity: a log-probability is a finite number
-            raise InputError(f"{path}: store #{i}: {len(odd)} scores are not finite (first pair {odd[0]})")
+        kind = s["key"].get("quantity")
+        bad = [k for k, v in s["scores"].items() if not _valid(kind, v)]
+        if bad:  # JSON's NaN / Infinity too: a log-probability is a finite number
+            what = "[prediction, finite log-prob or null] pairs" if kind == GENERATION else "finite numbers"
+            raise InputError(f"{path}: store #{i}: {len(bad)} values are not {what} (first pair {bad[0]})")
         keys = [k for k in s["scores"] if not PAIR_KEY.fullmatch(k)]
         if keys:
             raise InputError(
@@ -340,11 +370,11 @@ def import_scores(root: str | Path, path: str | Path, tol: float = 1e-3) -> dict
     for s in read_export(path):
         c = ScoreCache(root, s["key"])
         held = c.items()
-        new = {k: float(v) for k, v in s["scores"].items() if k not in held}
-        conflicts = [k for k, v in s["scores"].items() if k in held and abs(held[k] - v) > tol]
+        new = {k: _value(c.kind, v) for k, v in s["scores"].items() if k not in held}
+        conflicts = [k for k, v in s["scores"].items() if k in held and _differs(c.kind, held[k], v, tol)]
         if conflicts:
             log.warning(
-                "score cache import: %d scores differ from the store's %s by > %g nats; the store's kept",
+                "score cache import: %d entries differ from the store's %s (by > %g nats or in text); the store's kept",
                 len(conflicts),
                 c.dir,
                 tol,

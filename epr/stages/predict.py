@@ -1,12 +1,16 @@
-"""Stage ``predict``: the inference LM on every prompt. For each retriever name, greedy generation (in resumable
-chunks keyed by the generation settings and the LM's identity, dtype and device: never served for another LM or
-setting) and log p(gold answer | prompt); and once, log p(gold answer | no demonstrations). Writes ``<name>.jsonl``
-rows ``{idx, prediction, gold_logprob}`` and ``empty.jsonl``.
+"""Stage ``predict``: the inference LM on every prompt. For each retriever name, greedy generation and
+log p(gold answer | prompt); and once, log p(gold answer | no demonstrations). Writes ``<name>.jsonl`` rows
+``{idx, prediction, gold_logprob}`` and ``empty.jsonl``.
+
+Generations live in the run root's shared store (``ScoreCache`` with ``"quantity": "generation"``), keyed by the
+generation settings, the stop and the LM's identity, dtype and device (never served for another LM or setting), one
+entry per (prompt, gold answer): a prompt any run under the same run root already generated for is served, not
+generated again (BM25's and the LM-Oracle's prompts are the same in every run of a dataset), and a kill loses at
+most the chunk being generated. ``epr cache export`` carries them to another machine like scores.
 
 With the lean decoder the gold log-prob is read off the generation's own prefill (``Generator.generate_with_gold``:
-the prompt runs once for both; equal to the scorer's within float rounding, tested) and kept with the predictions in
-the same resumable chunks; otherwise (transformers' generate, a served LM) the scorer computes it, through the
-shared score cache."""
+the prompt runs once for both; equal to the scorer's within float rounding, tested) and kept with the prediction;
+otherwise (transformers' generate, a served LM) the scorer computes it, through the shared score cache."""
 
 from __future__ import annotations
 
@@ -16,9 +20,8 @@ from pathlib import Path
 import numpy as np
 
 from epr.artifacts import read_jsonl, write_jsonl
-from epr.cache import ChunkStore
 from epr.context import Context
-from epr.lm.score_cache import cached_greedy, cached_scores
+from epr.lm.score_cache import GENERATION, ScoreCache, cached_greedy, cached_scores
 from epr.prompt import as_format
 from epr.stages.retrieve import eval_examples
 
@@ -65,8 +68,51 @@ def _num(v: float) -> float | None:
     return None if np.isnan(v) else float(v)
 
 
+def generation_key(cfg, stop: str, same_pass: bool = False) -> dict:
+    """What changes a generation besides its prompt: the generation settings, the stop and the inference LM's key;
+    ``same_pass``: the entries also hold the gold log-prob read off the same forward (the lean decoder)."""
+    from epr.lm.factory import generate_settings, lm_key
+
+    key = {
+        "generate": generate_settings(cfg),
+        "stop": stop,
+        **lm_key(cfg, inference=True),
+        "quantity": GENERATION,
+    }
+    return key | {"gold_in_generation": True} if same_pass else key
+
+
+def cached_generations(
+    store: ScoreCache, prompts: list[str], golds: list[str], chunk: int, fn, name: str
+) -> list:
+    """``[prediction, gold log-prob or None]`` per (prompt, gold): from ``store`` where it holds them, else from
+    ``fn(prompts, golds)`` in chunks of ``chunk`` (each written to the store when done, so a kill loses at most
+    one); a prompt repeated within the call is generated once."""
+    from tqdm.auto import tqdm
+
+    got = store.get(prompts, golds)
+    todo: dict[tuple[str, str], list[int]] = {}
+    for i, v in enumerate(got):
+        if v is None:
+            todo.setdefault((prompts[i], golds[i]), []).append(i)
+    pairs = list(todo)
+    with tqdm(total=len(prompts), initial=len(prompts) - sum(map(len, todo.values())),
+              desc=f"generate [{name}]", unit="prompt") as bar:  # fmt: skip
+        for a in range(0, len(pairs), max(1, chunk)):
+            part = pairs[a : a + max(1, chunk)]
+            rows = list(fn([p for p, _ in part], [g for _, g in part]))
+            if len(rows) != len(part):
+                raise RuntimeError(f"generate [{name}]: {len(rows)} rows for {len(part)} prompts")
+            store.put([p for p, _ in part], [g for _, g in part], rows, name)
+            for pair, row in zip(part, rows):
+                for i in todo[pair]:
+                    got[i] = [row[0], row[1]]
+                bar.update(len(todo[pair]))
+    return got
+
+
 def run_predict(ctx: Context, out: Path, fp: str) -> dict:
-    from epr.lm.factory import generate_settings, inference_lm, lm_key, score_cache
+    from epr.lm.factory import generate_settings, inference_lm, score_cache
 
     cfg, fmt = ctx.cfg, ctx.prompt(inference=True)
     ev = eval_examples(ctx)
@@ -76,31 +122,32 @@ def run_predict(ctx: Context, out: Path, fp: str) -> dict:
     write_jsonl(out / "empty.jsonl", [{"idx": e.idx, "gold_logprob": _num(v)} for e, v in zip(ev, lp_empty)])
     same_pass = getattr(gen, "engine", None) == "lean"
     settings = generate_settings(cfg)
-    key = {"generate": settings, "stop": fmt.stop, **lm_key(cfg, inference=True)}
-    if same_pass:
-        key["gold_in_generation"] = True  # chunks hold [prediction, gold log-prob]
+    store = ScoreCache(Path(cfg.run_root) / ".cache" / "scores", generation_key(cfg, fmt.stop, same_pass))
+    held = len(store)
+
+    def both(prompts, golds):
+        if same_pass:
+            ys, lps = gen.generate_with_gold(prompts, golds)
+            return [[y, _num(v)] for y, v in zip(ys, lps)]
+        return [[y, None] for y in gen.generate(prompts)]  # the gold log-prob from the scorer, below
+
     by_idx = {e.idx: e for e in ev}
     for name in cfg.retrieve.retrievers:
         prompts = list(read_jsonl(ctx.stage_dir("prompts") / f"{name}.jsonl"))
-        texts = [p["text"] for p in prompts]
-        store = ChunkStore(out / "parts" / name, key)
+        texts, golds = [p["text"] for p in prompts], [fmt.target(by_idx[p["idx"]]) for p in prompts]
+        got = cached_generations(store, texts, golds, settings["chunk_size"], both, name)
+        preds = [y for y, _ in got]
         if same_pass:
-            items = [[t, fmt.target(by_idx[p["idx"]])] for t, p in zip(texts, prompts)]
-
-            def both(part):
-                ys, lps = gen.generate_with_gold([t for t, _ in part], [g for _, g in part])
-                return [[y, _num(v)] for y, v in zip(ys, lps)]
-
-            got = store.map(items, settings["chunk_size"], both, desc=f"generate [{name}]", unit="prompt")
-            preds = [y for y, _ in got]
             lp = np.array([np.nan if v is None else v for _, v in got])
         else:
             lp = gold_logprob(scorer, cache, fmt, texts, [by_idx[p["idx"]] for p in prompts])
-            preds = store.map(
-                texts, settings["chunk_size"], gen.generate, desc=f"generate [{name}]", unit="prompt"
-            )
         rows = [
             {"idx": p["idx"], "prediction": y, "gold_logprob": _num(v)} for p, y, v in zip(prompts, preds, lp)
         ]
         write_jsonl(out / f"{name}.jsonl", rows)
-    return {"rows": {"eval": len(ev), "retrievers": len(cfg.retrieve.retrievers)}}
+    return {
+        "rows": {"eval": len(ev), "retrievers": len(cfg.retrieve.retrievers)},
+        "extra": {
+            "generations": {"store": store.dir.name, "held_before": held, "generated": len(store) - held}
+        },
+    }

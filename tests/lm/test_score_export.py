@@ -64,6 +64,32 @@ def test_scores_stay_under_their_own_key_and_conflicts_are_kept_out(tmp_path):
     assert c16.get(["x", "y"], ["1", "2"]) == [-1.5, None]  # bf16's store got only bf16's score
 
 
+def test_generations_travel_under_their_own_key_and_a_changed_text_is_a_conflict(tmp_path):
+    """A generation store's entries are ``[prediction, gold log-prob or null]``; export and import keep them whole,
+    beside a score store, and an imported entry whose text differs from the held one is a conflict, never served."""
+    root, dest = tmp_path / "a", tmp_path / "b"
+    gen = {"lm": "m", "dtype": "fp32", "quantity": "generation"}
+    ScoreCache(root, gen).put(
+        ["p1", "p2", "p3"], ["g", "g", "g"], [["yes", -1.25], ["no", None], ["a", -2.0]], "t"
+    )
+    ScoreCache(root, {"lm": "m", "dtype": "fp32"}).put(["p1"], ["g"], [-1.3], "t")
+    f = tmp_path / "all.json.gz"
+    assert sorted(export_scores(root, f).values()) == [1, 3]
+    ScoreCache(dest, gen).put(
+        ["p1", "p3"], ["g", "g"], [["yes", -1.2501], ["b", -2.0]], "t"
+    )  # p3: another text
+    got = import_scores(dest, f)[fingerprint(gen)]
+    assert got == {"added": 1, "kept": 2, "conflicts": 1}
+    assert ScoreCache(dest, gen).get(["p1", "p2", "p3"], ["g"] * 3) == [
+        ["yes", -1.2501],
+        ["no", None],
+        ["b", -2.0],
+    ]
+    assert ScoreCache(dest, {"lm": "m", "dtype": "fp32"}).get(["p2"], ["g"]) == [None]  # scores stay scores
+    with pytest.raises(TypeError):  # a score store takes numbers only
+        ScoreCache(root, {"lm": "m", "dtype": "fp32"}).put(["p9"], ["g"], [["text", -1.0]], "t")
+
+
 def test_staged_exports_carry_each_score_once_and_add_up_to_the_whole(tmp_path, capsys):
     """A long run carried between machines in stages: each stage's export (``--skip`` the earlier ones) holds only
     the scores scored since, per store, and importing every stage gives the store the one full export gives."""
@@ -132,8 +158,15 @@ def bad_export(key: str, pair: str, score: str) -> bytes:
                     {"format": "epr-score-cache/1", "stores": [{"key": {"a": 1}, "scores": {"k": "x"}}]}
                 ).encode()
             ),
-            "not numbers",
+            "not finite numbers",
         ),
+        *[  # a generation store holds [prediction, finite log-prob or null] pairs, nothing else
+            (
+                bad_export('{"model": "m", "quantity": "generation"}', "a" * 24, v),
+                "[prediction, finite log-prob",
+            )
+            for v in ("-1.5", '["y", "x"]', '["y"]', "[1, -1.5]", '["y", NaN]')
+        ],
         *[  # issue 76's crack: NaN and Infinity, an empty or untyped key field, a pair key no pair_key wrote
             (bad_export(key, pair, score), m)
             for key, pair, score, m in [

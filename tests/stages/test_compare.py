@@ -64,6 +64,18 @@ def predictions(ctx, name="bm25"):
     return [r["prediction"] for r in map(json.loads, (ctx.stage_dir("predict") / f"{name}.jsonl").open())]
 
 
+def distinct_prompts(ctx) -> int:
+    """The (prompt, example) pairs of every retriever's prompts: what the LM generates for, each once (two modes
+    that build the same prompt for an example share its generation)."""
+    return len(
+        {
+            (p["text"], p["idx"])
+            for n in NAMES.split(",")
+            for p in map(json.loads, (ctx.stage_dir("prompts") / f"{n}.jsonl").open())
+        }
+    )
+
+
 def gold_logprobs(ctx, name="bm25") -> np.ndarray:
     rows = map(json.loads, (ctx.stage_dir("predict") / f"{name}.jsonl").open())
     return np.array([r["gold_logprob"] for r in rows], dtype=float)
@@ -74,7 +86,8 @@ def test_back_half_stages_and_what_each_setting_reruns(tmp_path, minilm_dir, tin
     ran = pipeline.run(ctx, until="compare")
     assert ran == ["examples", "retrieve", "rerank", "prompts", "predict", "evaluate"]
     n_eval = 4
-    assert counted["generate"] == 3 * n_eval and counted["quality"] == 20 - n_eval
+    assert 2 * n_eval < counted["generate"] == distinct_prompts(ctx) <= 3 * n_eval
+    assert counted["quality"] == 20 - n_eval
     res = json.loads((ctx.stage_dir("evaluate") / "results.json").read_text())
     assert list(res) == NAMES.split(",")
     for name in NAMES.split(","):  # rankings carry ids and the retriever's scores, best first
@@ -88,19 +101,27 @@ def test_back_half_stages_and_what_each_setting_reruns(tmp_path, minilm_dir, tin
     html = (ctx.stage_dir("evaluate") / "report.html").read_text()
     assert "<table>" in html and "<td>sbert+div+bias</td>" in html and "data:image/png;base64" in html
     assert pipeline.run(ctx, until="compare") == []
+    orig = predictions(ctx)
 
     # generation settings: only predict (and evaluate) rerun, and every prompt is generated again
     ctx2 = ctx_for(tmp_path, minilm_dir, tiny_lm_dir, "generate.max_new_tokens=2")
     counted["generate"] = 0
     assert pipeline.run(ctx2, until="compare") == ["predict", "evaluate"]
-    assert counted["generate"] == 3 * n_eval
+    assert counted["generate"] == distinct_prompts(ctx2)
     assert all(len(p.split()) <= 2 for p in predictions(ctx2))
 
-    # back to the first setting: the predictions are the first run's, recomputed (the chunks now hold the others)
+    # back to the first setting: the predictions are the first run's, served from the run root's generation store
+    # (keyed by the settings: the other setting's entries sit in a store of their own), nothing generated again
     ctx3 = ctx_for(tmp_path, minilm_dir, tiny_lm_dir)
     counted["generate"] = 0
     assert pipeline.run(ctx3, until="compare") == ["predict", "evaluate"]
-    assert counted["generate"] == 3 * n_eval
+    assert counted["generate"] == 0 and predictions(ctx3) == orig
+    man = json.loads((ctx3.stage_dir("predict") / "manifest.json").read_text())
+    assert man["generations"] | {"store": 0} == {
+        "store": 0,
+        "held_before": distinct_prompts(ctx3),
+        "generated": 0,
+    }
 
     # RAGSys's lambda_d: re-ranking reruns and its rows follow the setting (a hard-coded value would not change
     # them); the first-stage rows stay
@@ -118,6 +139,51 @@ def test_back_half_stages_and_what_each_setting_reruns(tmp_path, minilm_dir, tin
     assert set(before) == set(after) and any("+div" in n for n in after)
     for n in after:
         assert (after[n] != before[n]) == ("+div" in n), n
+
+
+def test_generations_carried_to_another_machine_are_served_value_for_value(
+    tmp_path, minilm_dir, tiny_lm_dir, counted, capsys
+):
+    """`epr cache export` on one run root, `epr cache import` on another: the predict stage there generates
+    nothing and writes the same rows, byte for byte; another generation setting (the negative control) generates
+    every prompt again."""
+    from pathlib import Path
+
+    from epr.cli.cache import unread_stores
+    from epr.lm.factory import scoring_key
+    from epr.lm.score_cache import export_scores, import_scores
+    from epr.stages.predict import generation_key
+
+    for d in ("a", "b"):
+        (tmp_path / d).mkdir()
+    a = ctx_for(tmp_path / "a", minilm_dir, tiny_lm_dir)
+    pipeline.run(a, until="predict")
+    f = tmp_path / "carry.json.gz"
+    export_scores(Path(a.cfg.run_root) / ".cache" / "scores", f)  # what `epr cache export` writes
+    b = ctx_for(tmp_path / "b", minilm_dir, tiny_lm_dir)
+    root = Path(b.cfg.run_root) / ".cache" / "scores"
+    got = import_scores(root, f)
+    assert len(got) >= 2 and all(c["added"] > 0 for c in got.values())  # scores and generations
+    mine = [
+        scoring_key(b.cfg),
+        scoring_key(b.cfg, inference=True),
+        generation_key(b.cfg, b.prompt(True).stop),
+    ]
+    assert unread_stores(root, list(got), mine) == []  # every imported store is one this config reads
+    counted["generate"] = 0
+    pipeline.run(b, until="predict")
+    assert counted["generate"] == 0
+    for name in [*NAMES.split(","), "empty"]:
+        assert (b.stage_dir("predict") / f"{name}.jsonl").read_bytes() == (
+            a.stage_dir("predict") / f"{name}.jsonl"
+        ).read_bytes()
+    c = ctx_for(tmp_path / "b", minilm_dir, tiny_lm_dir, "generate.max_new_tokens=3")
+    pipeline.run(c, until="predict")
+    assert counted["generate"] == distinct_prompts(c)
+    other = [d.name for d in root.iterdir() if (d / "KEY.json").exists() and d.name not in got]
+    assert (
+        len(other) == 1 and len(unread_stores(root, other, mine)) == 1
+    )  # b's config does not read c's store
 
 
 def test_another_inference_lm_with_the_same_tokenizer_is_not_served_old_predictions(
@@ -146,7 +212,7 @@ def test_another_inference_lm_with_the_same_tokenizer_is_not_served_old_predicti
         "predict",
         "evaluate",
     ]  # the quality bias and the tokenizer are the LM's
-    assert counted["generate"] == 3 * 4 and counted["quality"] == q_first
+    assert counted["generate"] == distinct_prompts(ctx2) and counted["quality"] == q_first
     assert predictions(ctx2) != first
     # the gold log-probs are the other LM's too, not the first LM's served from a cache
     from epr.lm.models import load_lm
