@@ -95,18 +95,18 @@ def cached_generations(
     for i, v in enumerate(got):
         if v is None:
             todo.setdefault((prompts[i], golds[i]), []).append(i)
-    pairs = list(todo)
+    pairs, chunk = list(todo), max(1, chunk)
     with tqdm(total=len(prompts), initial=len(prompts) - sum(map(len, todo.values())),
               desc=f"generate [{name}]", unit="prompt") as bar:  # fmt: skip
-        for a in range(0, len(pairs), max(1, chunk)):
-            part = pairs[a : a + max(1, chunk)]
+        for a in range(0, len(pairs), chunk):
+            part = pairs[a : a + chunk]
             rows = list(fn([p for p, _ in part], [g for _, g in part]))
             if len(rows) != len(part):
                 raise RuntimeError(f"generate [{name}]: {len(rows)} rows for {len(part)} prompts")
             store.put([p for p, _ in part], [g for _, g in part], rows, name)
             for pair, row in zip(part, rows):
                 for i in todo[pair]:
-                    got[i] = [row[0], row[1]]
+                    got[i] = list(row)
                 bar.update(len(todo[pair]))
     return got
 
